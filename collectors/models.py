@@ -1,0 +1,225 @@
+"""What the collectors store: projects and their ingest tokens, runs and attempts, and the
+telemetry tables (steps, GPU samples, events, checkpoints) written in bulk from batches."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+TOKEN_PREFIX = "rw_"
+
+
+def hash_token(token: str) -> str:
+    # Tokens are 256-bit random strings, so a fast hash is enough: nothing to brute-force.
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Project(models.Model):
+    slug = models.SlugField(max_length=100, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="projects")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def visible_to(self, user) -> bool:
+        return user.is_superuser or self.members.filter(pk=user.pk).exists()
+
+
+class IngestTokenQuerySet(models.QuerySet):
+    def authenticate(self, token: str | None) -> IngestToken | None:
+        """The live token matching ``token``, or None. Compared in constant time."""
+        if not token or not token.startswith(TOKEN_PREFIX) or len(token) > 200:
+            return None
+        digest = hash_token(token)
+        found = self.filter(hashed=digest, revoked_at__isnull=True).select_related("project").first()
+        if found is None or not hmac.compare_digest(found.hashed, digest):
+            return None
+        return found
+
+
+class IngestToken(models.Model):
+    """A secret that lets a training job write into one project. Only its hash is kept."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=100, blank=True)
+    # The first characters, to tell tokens apart in the admin without showing the secret.
+    prefix = models.CharField(max_length=16, editable=False)
+    hashed = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = IngestTokenQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.project.slug})"
+
+    @classmethod
+    def issue(cls, project: Project, name: str = "") -> tuple[IngestToken, str]:
+        """Creates a token and returns it with its plain text, which is not stored anywhere."""
+        plain = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(
+            project=project, name=name, prefix=plain[:10], hashed=hash_token(plain)
+        )
+        return token, plain
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        FINISHED = "finished"
+        FAILED = "failed"
+        INTERRUPTED = "interrupted"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
+    name = models.CharField(max_length=200)
+    config = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    # The cluster site's zone, for "throughput against the time of day".
+    timezone = models.CharField(max_length=64, default="UTC")
+    world_size = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(default=timezone.now)
+    first_seen_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    last_step = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="run_name_unique")]
+        indexes = [models.Index(fields=["-last_seen_at"], name="run_last_seen")]
+
+    def __str__(self) -> str:
+        return f"{self.project.slug}/{self.name}"
+
+    def is_stale(self, now=None) -> bool:
+        """Running by its last word, but silent for longer than RUNWATCH_STALE_AFTER_S."""
+        if self.status != self.Status.RUNNING or self.last_seen_at is None:
+            return False
+        now = now or timezone.now()
+        return now - self.last_seen_at > timedelta(seconds=settings.RUNWATCH_STALE_AFTER_S)
+
+
+class Attempt(models.Model):
+    """One start of the job (torchrun's restart count, or an explicit attempt id)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    exit_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="attempt_number_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run} #{self.number}"
+
+
+class IngestedBatch(models.Model):
+    """One row per stored batch: the primary key makes a redelivered batch a no-op."""
+
+    batch_id = models.UUIDField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="batches")
+    rank = models.PositiveIntegerField()
+    received_at = models.DateTimeField(default=timezone.now)
+    steps = models.PositiveIntegerField(default=0)
+    gpu_samples = models.PositiveIntegerField(default=0)
+    events = models.PositiveIntegerField(default=0)
+
+
+class RejectedBatch(models.Model):
+    """A batch the collectors refused, with why: the dead-letter list an admin can read."""
+
+    batch_id = models.CharField(max_length=64, blank=True)
+    project = models.CharField(max_length=100, blank=True)
+    reason = models.TextField()
+    field = models.CharField(max_length=200, blank=True)
+    received_at = models.DateTimeField(default=timezone.now)
+    # The start of the payload, enough to see what the sender did wrong.
+    excerpt = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-received_at"]
+
+
+class StepMetric(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False)
+    rank = models.PositiveIntegerField()
+    step = models.BigIntegerField()
+    ts = models.DateTimeField()
+    duration_s = models.FloatField(null=True)
+    tokens = models.BigIntegerField(null=True)
+    loss = models.FloatField(null=True)
+    lr = models.FloatField(null=True)
+    grad_norm = models.FloatField(null=True)
+    # Every other scalar the user logged, by name.
+    extra = models.JSONField(default=dict)
+
+    class Meta:
+        # The run page reads a run's steps in time order; the runs list reads a run's latest ones.
+        indexes = [models.Index(fields=["run", "ts"], name="step_run_ts")]
+
+
+class GpuSample(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False)
+    host = models.CharField(max_length=255)
+    gpu = models.PositiveSmallIntegerField()
+    ts = models.DateTimeField()
+    temp_c = models.FloatField(null=True)
+    power_w = models.FloatField(null=True)
+    util_pct = models.FloatField(null=True)
+    mem_used_mb = models.FloatField(null=True)
+    sm_clock_mhz = models.FloatField(null=True)
+    # NVML clock-throttle reason bits.
+    throttle = models.BigIntegerField(null=True)
+    simulated = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "ts"], name="gpu_run_ts")]
+
+
+class Event(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False)
+    rank = models.PositiveIntegerField()
+    host = models.CharField(max_length=255)
+    kind = models.CharField(max_length=32)
+    ts = models.DateTimeField()
+    payload = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "kind", "ts"], name="event_run_kind_ts")]
+
+
+class Checkpoint(models.Model):
+    class Kind(models.TextChoices):
+        SAVE = "save"
+        LOAD = "load"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="checkpoints")
+    rank = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    step = models.BigIntegerField(null=True)
+    ts = models.DateTimeField()
+    duration_s = models.FloatField(null=True)
+    bytes = models.BigIntegerField(null=True)
+    path = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["ts"]

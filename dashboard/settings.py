@@ -1,0 +1,167 @@
+"""Runwatch settings, read from the environment (every variable is listed in the README).
+
+With nothing set, Runwatch runs embedded: SQLite under var/, Celery tasks executed in-process. In
+production set at least DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY and ALLOWED_HOSTS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+env = environ.Env()
+
+DEBUG = env.bool("DEBUG", default=False)
+# The default key is only good for the embedded mode on one's own machine; `check --deploy`
+# flags it, and the production compose file refuses to start without SECRET_KEY.
+SECRET_KEY = env.str("SECRET_KEY", default="django-insecure-runwatch-embedded-mode-only")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+TIME_ZONE = env.str("TIME_ZONE", default="UTC")
+USE_TZ = True
+LANGUAGE_CODE = "en-us"
+USE_I18N = False
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "collectors",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "dashboard.urls"
+WSGI_APPLICATION = "dashboard.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'runwatch.sqlite3'}")
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Two training ranks write while the dashboard reads: WAL lets readers run beside the writer,
+    # and IMMEDIATE transactions queue writers on the busy timeout instead of failing on upgrade.
+    VAR_DIR.mkdir(exist_ok=True)
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "runs"
+LOGOUT_REDIRECT_URL = "login"
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # plotly.js comes from the installed plotly package, so the browser and the Python figure
+    # builders always agree on the version; no CDN.
+    "dashboard.staticfinders.PlotlyJsFinder",
+]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Compressed but not hashed: pages render with or without a prior collectstatic.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve straight from the finders when nothing was collected (tests, a fresh checkout).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# HTTPS hardening, on for production behind TLS (`check --deploy` expects it).
+_https = env.bool("RUNWATCH_HTTPS", default=False)
+SECURE_SSL_REDIRECT = _https
+SESSION_COOKIE_SECURE = _https
+CSRF_COOKIE_SECURE = _https
+SECURE_HSTS_SECONDS = 31536000 if _https else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _https
+SECURE_HSTS_PRELOAD = _https
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if _https else None
+SESSION_COOKIE_HTTPONLY = True
+
+# --- Celery -------------------------------------------------------------------------------------
+# No broker configured means the embedded mode: tasks run in the calling process.
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=not CELERY_BROKER_URL)
+if not CELERY_BROKER_URL:
+    CELERY_BROKER_URL = "memory://"
+CELERY_TASK_EAGER_PROPAGATES = False
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "runwatch"
+# Telemetry has its own queue so that a backlog of batches never delays periodic work.
+CELERY_TASK_ROUTES = {"collectors.ingest_batch": {"queue": "ingest"}}
+# A batch is acknowledged only once written: a worker killed mid-batch means redelivery, and the
+# unique batch id makes the second write a no-op.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=4)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # Longer than any batch write; an unacked message is redelivered after this.
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=600),
+}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- Runwatch -----------------------------------------------------------------------------------
+# A run is shown as "stalled" when nothing arrived from it for this long.
+RUNWATCH_STALE_AFTER_S = env.int("RUNWATCH_STALE_AFTER_S", default=120)
+# How often the run page asks for fresh chart data.
+RUNWATCH_REFRESH_MS = env.int("RUNWATCH_REFRESH_MS", default=3000)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
