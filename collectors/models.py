@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
-from django.utils import timezone
+from django.utils import timezone as django_tz
 
 TOKEN_PREFIX = "rw_"
 
@@ -24,7 +24,7 @@ class Project(models.Model):
     slug = models.SlugField(max_length=100, unique=True)
     name = models.CharField(max_length=200, blank=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="projects")
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=django_tz.now)
 
     class Meta:
         ordering = ["slug"]
@@ -56,7 +56,7 @@ class IngestToken(models.Model):
     # The first characters, to tell tokens apart in the admin without showing the secret.
     prefix = models.CharField(max_length=16, editable=False)
     hashed = models.CharField(max_length=64, unique=True, editable=False)
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=django_tz.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
@@ -89,7 +89,7 @@ class Run(models.Model):
     # The cluster site's zone, for "throughput against the time of day".
     timezone = models.CharField(max_length=64, default="UTC")
     world_size = models.PositiveIntegerField(default=1)
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=django_tz.now)
     first_seen_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     last_step = models.BigIntegerField(null=True, blank=True)
@@ -105,7 +105,7 @@ class Run(models.Model):
         """Running by its last word, but silent for longer than RUNWATCH_STALE_AFTER_S."""
         if self.status != self.Status.RUNNING or self.last_seen_at is None:
             return False
-        now = now or timezone.now()
+        now = now or django_tz.now()
         return now - self.last_seen_at > timedelta(seconds=settings.RUNWATCH_STALE_AFTER_S)
 
 
@@ -134,7 +134,7 @@ class IngestedBatch(models.Model):
     batch_id = models.UUIDField(primary_key=True)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="batches")
     rank = models.PositiveIntegerField()
-    received_at = models.DateTimeField(default=timezone.now)
+    received_at = models.DateTimeField(default=django_tz.now)
     steps = models.PositiveIntegerField(default=0)
     gpu_samples = models.PositiveIntegerField(default=0)
     events = models.PositiveIntegerField(default=0)
@@ -147,7 +147,7 @@ class RejectedBatch(models.Model):
     project = models.CharField(max_length=100, blank=True)
     reason = models.TextField()
     field = models.CharField(max_length=200, blank=True)
-    received_at = models.DateTimeField(default=timezone.now)
+    received_at = models.DateTimeField(default=django_tz.now)
     # The start of the payload, enough to see what the sender did wrong.
     excerpt = models.TextField(blank=True)
 
