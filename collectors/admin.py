@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from collectors.models import (
+    Attempt,
+    Checkpoint,
+    Event,
+    IngestedBatch,
+    IngestToken,
+    Project,
+    RejectedBatch,
+    Run,
+)
+
+
+class IngestTokenInline(admin.TabularInline):
+    model = IngestToken
+    extra = 0
+    fields = ("prefix", "name", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("prefix", "created_at", "last_used_at")
+    can_delete = True
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ("slug", "name", "created_at")
+    search_fields = ("slug", "name")
+    filter_horizontal = ("members",)
+    inlines = [IngestTokenInline]
+    actions = ["issue_token"]
+
+    @admin.action(description="Issue a new ingest token (shown once)")
+    def issue_token(self, request, queryset):
+        for project in queryset:
+            _, plain = IngestToken.issue(project, name=f"admin:{request.user.username}")
+            # Shown once, to the admin who asked; only its hash is stored.
+            self.message_user(request, f"{project.slug}: {plain}", messages.WARNING)
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    extra = 0
+    readonly_fields = ("number", "started_at", "ended_at", "exit_reason")
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ("name", "project", "status", "world_size", "last_step", "last_seen_at")
+    list_filter = ("status", "project")
+    search_fields = ("name",)
+    inlines = [AttemptInline]
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin):
+    list_display = ("kind", "run", "rank", "host", "ts")
+    list_filter = ("kind",)
+    list_select_related = ("run",)
+    raw_id_fields = ("run", "attempt")
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(admin.ModelAdmin):
+    list_display = ("kind", "run", "step", "ts", "duration_s", "bytes")
+    list_filter = ("kind",)
+    raw_id_fields = ("run", "attempt")
+
+
+@admin.register(IngestedBatch)
+class IngestedBatchAdmin(admin.ModelAdmin):
+    list_display = ("batch_id", "run", "rank", "received_at", "steps", "gpu_samples", "events")
+    raw_id_fields = ("run",)
+
+
+@admin.register(RejectedBatch)
+class RejectedBatchAdmin(admin.ModelAdmin):
+    list_display = ("received_at", "project", "batch_id", "reason")
+    search_fields = ("batch_id", "project", "reason")
+    readonly_fields = ("received_at", "project", "batch_id", "reason", "field", "excerpt")

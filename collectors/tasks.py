@@ -1,0 +1,49 @@
+"""Celery tasks of the collectors. Ingest is idempotent (see collectors.ingest), which is what
+makes late acknowledgement and redelivery safe."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import shared_task
+from django.db import InterfaceError, OperationalError
+
+from collectors.ingest import Refused, authorize, record_rejection, store_batch
+from trainer_plugin.protocol import ProtocolError, validate_batch
+
+log = logging.getLogger(__name__)
+
+# Errors worth another try: the database restarting or unreachable. A bad batch or a bad token is
+# never retried; it goes to the dead-letter list (RejectedBatch) instead.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+RETRY_POLICY: dict[str, Any] = {
+    "autoretry_for": TRANSIENT_ERRORS,
+    "retry_backoff": 1,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+    # ~1 hour of retries at the capped backoff: a database outage longer than that is an incident
+    # someone is already handling, and the broker still holds everything behind this message.
+    "max_retries": 60,
+}
+
+
+@shared_task(name="collectors.ingest_batch", acks_late=True, reject_on_worker_lost=True,
+             ignore_result=True, **RETRY_POLICY)
+def ingest_batch(batch: Any, token: str | None = None) -> dict[str, Any]:
+    """Validates, authorizes and stores one batch. Returns what happened, for logs and tests."""
+    # The broker path reaches here with no HTTP layer in front, so everything is checked again.
+    try:
+        batch = validate_batch(batch)
+        project_id = authorize(token, batch["run"]["project"]).project_id
+    except ProtocolError as error:
+        log.warning("rejected batch: %s", error)
+        record_rejection(batch, str(error), error.field)
+        return {"rejected": str(error)}
+    except Refused as error:
+        log.warning("refused batch: %s", error)
+        record_rejection(batch, str(error), "token")
+        return {"rejected": str(error)}
+    result = store_batch(batch, project_id)
+    return {"stored": result.stored, "run_id": result.run_id, "steps": result.steps,
+            "gpu_samples": result.gpu_samples, "events": result.events}
