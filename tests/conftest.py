@@ -29,3 +29,34 @@ def pytest_configure(config):
 @pytest.fixture
 def broker_url() -> str:
     return os.environ["CELERY_BROKER_URL"]
+
+
+@pytest.fixture
+def ingest_queue(broker_url):
+    """The broker's `ingest` queue, emptied before and after the test. kombu's Redis transport
+    keeps a queue's messages in a list of the same name."""
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    client.delete("ingest")
+    yield IngestQueue(client)
+    client.delete("ingest")
+
+
+class IngestQueue:
+    def __init__(self, client):
+        self.client = client
+
+    def __len__(self) -> int:
+        return self.client.llen("ingest")
+
+    def messages(self) -> list[dict]:
+        import base64
+        import json
+
+        found = []
+        for raw in self.client.lrange("ingest", 0, -1):
+            envelope = json.loads(raw)
+            body = json.loads(base64.b64decode(envelope["body"]))
+            found.append({"task": envelope["headers"]["task"], "args": body[0], "kwargs": body[1]})
+        return found
