@@ -11,12 +11,13 @@ import json
 import logging
 import zlib
 
+from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from kombu.exceptions import OperationalError as BrokerError
 
 from collectors.ingest import Refused, authorize
-from collectors.tasks import ingest_batch
+from collectors.tasks import enqueue_batch
 from trainer_plugin.protocol import MAX_BATCH_BYTES, ProtocolError, row_count, validate_batch
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,11 @@ def ingest(request: HttpRequest) -> JsonResponse:
         return _error(str(error), error.status, "token")
 
     try:
-        ingest_batch.apply_async(args=[batch], kwargs={"token": token})
-    except BrokerError:
-        log.exception("broker unreachable; batch %s not queued", batch["batch_id"])
-        # The plugin keeps (and spools) what gets no 202, so a broker outage loses nothing.
-        return _error("the collector's queue is unavailable; retry later", 503, Retry_After="5")
+        enqueue_batch(batch, token)
+    except (BrokerError, DatabaseError):
+        log.exception("batch %s could not be queued", batch["batch_id"])
+        # The plugin keeps (and spools) what gets no 202, so an outage loses nothing.
+        return _error("the collector is unavailable; retry later", 503, Retry_After="5")
     return JsonResponse({"batch_id": batch["batch_id"], "rows": row_count(batch)}, status=202)
 
 

@@ -47,3 +47,14 @@ def ingest_batch(batch: Any, token: str | None = None) -> dict[str, Any]:
     result = store_batch(batch, project_id)
     return {"stored": result.stored, "run_id": result.run_id, "steps": result.steps,
             "gpu_samples": result.gpu_samples, "events": result.events}
+
+
+def enqueue_batch(batch: dict[str, Any], token: str) -> None:
+    """Hands a checked batch to the collectors. Raises when it could not be queued (or, embedded,
+    stored), so that the sender gets no 202 and keeps the batch."""
+    if ingest_batch.app.conf.task_always_eager:
+        # Embedded mode: write in this request. A direct call raises the error itself instead of
+        # Celery's eager retries, which would replay a locked SQLite write back to back.
+        ingest_batch(batch, token=token)
+    else:
+        ingest_batch.apply_async(args=[batch], kwargs={"token": token})

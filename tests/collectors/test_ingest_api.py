@@ -162,3 +162,36 @@ def test_api_needs_no_csrf_token_but_a_bearer_token(token, ingest_queue):
 
     strict = Client(enforce_csrf_checks=True)
     assert post(strict, step_batch(), token).status_code == 202
+
+
+@pytest.fixture
+def embedded_mode(monkeypatch):
+    from collectors.tasks import ingest_batch
+
+    monkeypatch.setitem(ingest_batch.app.conf, "task_always_eager", True)
+
+
+def test_embedded_mode_stores_the_batch_before_answering(client, token, ingest_queue, embedded_mode):
+    response = post(client, step_batch(count=12), token, gzipped=True)
+
+    assert response.status_code == 202
+    assert StepMetric.objects.count() == 12
+    assert len(ingest_queue) == 0
+
+
+def test_embedded_mode_answers_503_when_the_write_fails_so_the_sender_keeps_the_batch(
+        client, token, embedded_mode, monkeypatch):
+    from django.db import OperationalError
+
+    from collectors import ingest
+
+    def locked(*args, **kwargs):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(ingest.bulk_write, "write", locked)
+
+    response = post(client, step_batch(count=3), token)
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert StepMetric.objects.count() == 0
