@@ -1,0 +1,130 @@
+"""The reads the dashboard makes of collected data. Each returns plain rows or aggregates; what
+they mean (rates, charts) is worked out by collectors.analysis and dashboard.charts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import connection
+from django.db.models import QuerySet
+
+from collectors.analysis.throughput import RECENT_WINDOW_S, WindowAggregate
+from collectors.models import Attempt, Run, StepMetric
+
+
+@dataclass(frozen=True)
+class RunOverview:
+    """What the runs list and the run page header show about one run."""
+
+    run: Run
+    attempts: int
+    last_step: int | None
+    last_seen_at: datetime | None  # the collectors' last word, else the newest step row
+    first_step_at: datetime | None
+    latest_loss: float | None
+    window: WindowAggregate | None  # the recent window of step rows, None without rows
+
+
+# One round trip for the whole list. Every per-run lookup is a LATERAL subquery that walks the
+# (run, ts) index from one end, so the cost grows with the number of runs shown and the rows in
+# their last minute, not with the length of the runs. The window bounds repeat
+# throughput.recent_window(): (greatest(first, last - window), last].
+_OVERVIEW_SQL = """
+SELECT r.id, a.attempts, b.first_ts, b.last_ts, b.latest_loss,
+       w.step_rows, w.ranks, w.tokens::bigint, w.max_step,
+       extract(epoch FROM b.last_ts - greatest(b.first_ts, b.last_ts - %(window)s))
+FROM {run} r
+CROSS JOIN LATERAL (SELECT count(*) AS attempts FROM {attempt} WHERE run_id = r.id) a
+CROSS JOIN LATERAL (
+    SELECT (SELECT ts FROM {step} WHERE run_id = r.id ORDER BY ts LIMIT 1) AS first_ts,
+           (SELECT ts FROM {step} WHERE run_id = r.id ORDER BY ts DESC LIMIT 1) AS last_ts,
+           (SELECT loss FROM {step} WHERE run_id = r.id AND loss IS NOT NULL
+             ORDER BY ts DESC LIMIT 1) AS latest_loss
+) b
+CROSS JOIN LATERAL (
+    SELECT count(*) AS step_rows, count(DISTINCT s.rank) AS ranks, sum(s.tokens) AS tokens,
+           max(s.step) AS max_step
+    FROM {step} s
+    WHERE s.run_id = r.id
+      AND s.ts > greatest(b.first_ts, b.last_ts - %(window)s) AND s.ts <= b.last_ts
+) w
+WHERE r.id = ANY(%(ids)s)
+ORDER BY coalesce(r.last_seen_at, b.last_ts, r.created_at) DESC, r.id DESC
+"""
+
+
+def run_overviews(
+    runs: QuerySet[Run], window_s: float = RECENT_WINDOW_S
+) -> list[RunOverview]:
+    """Overviews of ``runs``, most recently seen first."""
+    by_id = runs.select_related("project").in_bulk()
+    if not by_id:
+        return []
+    sql = _OVERVIEW_SQL.format(
+        run=Run._meta.db_table, attempt=Attempt._meta.db_table, step=StepMetric._meta.db_table
+    )
+    params = {"ids": list(by_id), "window": timedelta(seconds=window_s)}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    overviews = []
+    for (run_id, attempts, first_ts, last_ts, latest_loss, step_rows, ranks, tokens, max_step,
+         span_s) in rows:
+        run = by_id[run_id]
+        window = None
+        if last_ts is not None:
+            window = WindowAggregate(
+                span_s=float(span_s), step_rows=step_rows, ranks=ranks, tokens=tokens
+            )
+        overviews.append(
+            RunOverview(
+                run=run,
+                attempts=attempts,
+                # Step rows are the truth; the denormalised column covers runs whose rows
+                # were pruned.
+                last_step=max_step if max_step is not None else run.last_step,
+                last_seen_at=run.last_seen_at or last_ts,
+                first_step_at=first_ts,
+                latest_loss=latest_loss,
+                window=window,
+            )
+        )
+    return overviews
+
+
+def run_overview(run: Run, window_s: float = RECENT_WINDOW_S) -> RunOverview:
+    return run_overviews(Run.objects.filter(pk=run.pk), window_s)[0]
+
+
+@dataclass
+class RankSteps:
+    """One rank's step rows as columns, in time order."""
+
+    step: list[int] = field(default_factory=list)
+    ts: list[datetime] = field(default_factory=list)
+    duration_s: list[float | None] = field(default_factory=list)
+    tokens: list[int | None] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)
+
+
+def run_steps_by_rank(run: Run, ranks: Iterable[int]) -> dict[int, RankSteps]:
+    """The step rows of ``run`` for the given ranks, as columns per rank (ranks without rows are
+    left out). Streams from the database so a long run does not sit in memory twice."""
+    columns: dict[int, RankSteps] = {}
+    rows = (
+        StepMetric.objects.filter(run=run, rank__in=list(ranks))
+        .order_by("rank", "ts", "step")
+        .values_list("rank", "step", "ts", "duration_s", "tokens", "loss")
+    )
+    for rank, step, ts, duration_s, tokens, loss in rows.iterator(chunk_size=20_000):
+        rank_steps = columns.get(rank)
+        if rank_steps is None:
+            rank_steps = columns[rank] = RankSteps()
+        rank_steps.step.append(step)
+        rank_steps.ts.append(ts)
+        rank_steps.duration_s.append(duration_s)
+        rank_steps.tokens.append(tokens)
+        rank_steps.loss.append(loss)
+    return columns
