@@ -1,0 +1,94 @@
+"""Turns query results into what the pages and their JSON show. Numbers come from
+collectors.analysis, figures from dashboard.charts; this module only wires them together and
+formats them, so the HTML page and its JSON refresh can never disagree."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.urls import reverse
+
+from collectors import queries
+from collectors.analysis import throughput
+from collectors.models import Run
+from dashboard import charts
+from dashboard.views import formatting
+
+# More lines than this on one chart is a blur, and each costs a downsampled series per refresh;
+# the first ranks are shown and the page says how many there are.
+MAX_RANK_TRACES = 16
+
+# Runs in these states will not change again: their pages stop polling.
+FINAL_STATUSES = frozenset({Run.Status.FINISHED, Run.Status.FAILED})
+
+
+def display_status(run: Run, now: datetime) -> str:
+    """The status as the user should read it: a running run that went silent is 'stalled'."""
+    return "stalled" if run.is_stale(now) else run.status
+
+
+def run_row(overview: queries.RunOverview, now: datetime) -> dict[str, Any]:
+    """One row of the runs list (also the header numbers of the run page)."""
+    run = overview.run
+    rates = throughput.throughput_from_aggregate(overview.window)
+    return {
+        "id": run.pk,
+        "url": reverse("run", args=[run.pk]),
+        "project": run.project.slug,
+        "name": run.name,
+        "status": display_status(run, now),
+        "attempts": overview.attempts,
+        "world_size": run.world_size,
+        "last_step": overview.last_step,
+        "last_step_text": formatting.integer(overview.last_step),
+        "steps_per_s": rates.steps_per_s,
+        "steps_per_s_text": formatting.rate(rates.steps_per_s),
+        "tokens_per_s": rates.tokens_per_s,
+        "tokens_per_s_text": formatting.rate(rates.tokens_per_s),
+        "last_seen": overview.last_seen_at.isoformat() if overview.last_seen_at else None,
+        "last_seen_epoch": overview.last_seen_at.timestamp() if overview.last_seen_at else None,
+        "last_seen_ago": formatting.ago(overview.last_seen_at, now),
+        "last_seen_exact": formatting.exact(overview.last_seen_at),
+    }
+
+
+def runs_rows(runs, now: datetime) -> list[dict[str, Any]]:
+    return [run_row(overview, now) for overview in queries.run_overviews(runs)]
+
+
+def run_header(run: Run, now: datetime) -> dict[str, Any]:
+    overview = queries.run_overview(run)
+    header = run_row(overview, now)
+    header.update(
+        latest_loss=overview.latest_loss,
+        latest_loss_text=formatting.number(overview.latest_loss),
+        started_exact=formatting.exact(overview.first_step_at),
+        started_ago=formatting.ago(overview.first_step_at, now),
+        polling=run.status not in FINAL_STATUSES,
+    )
+    return header
+
+
+def run_series(run: Run, now: datetime) -> dict[str, Any]:
+    """Everything the run page redraws on a refresh: header numbers and the three figures."""
+    # Not bounded by world_size: a launcher that under-reports it must not hide ranks.
+    steps_by_rank = queries.run_steps_by_rank(run, range(MAX_RANK_TRACES))
+    unit = throughput.rate_unit(t for rank in steps_by_rank.values() for t in rank.tokens)
+    loss = {rank: (s.step, s.loss) for rank, s in steps_by_rank.items()}
+    duration = {rank: (s.step, s.duration_s) for rank, s in steps_by_rank.items()}
+    rate = {
+        rank: (s.ts, throughput.step_rates(s.duration_s, s.tokens, unit))
+        for rank, s in steps_by_rank.items()
+    }
+    return {
+        "run": run_header(run, now),
+        "ranks_shown": len(steps_by_rank),
+        "ranks_total": max(run.world_size, len(steps_by_rank)),
+        "charts": {
+            "loss": charts.loss_figure(loss),
+            "throughput": charts.throughput_figure(rate, unit),
+            "duration": charts.step_duration_figure(duration),
+        },
+        "generated_at": now.isoformat(),
+    }
