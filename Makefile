@@ -1,0 +1,51 @@
+# Runwatch developer commands. Needs only python3.11 on PATH; everything else goes into .venv.
+#   make demo       dashboard on http://127.0.0.1:8000 with a 2-rank training job streaming to it
+#   make test       the whole suite against real PostgreSQL, Redis and Chromium
+#   make test-fast  the same without the browser and end-to-end tests
+#   make lint       ruff
+
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+# The stamp is keyed on pyproject.toml's content, so a changed dependency list reinstalls and an
+# unchanged one (a fresh checkout with new mtimes included) does not.
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/runwatch
+TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
+PYTEST_ARGS ?=
+TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL)
+
+.PHONY: venv demo test test-fast lint clean
+
+venv: $(STAMP)
+
+# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP):
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is not on PATH: install Python 3.11, or run make PYTHON=/path/to/python3.11"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet 'torch==2.13.0'
+	$(BIN)/python -m pip install --quiet -e '.[server,broker,dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: venv
+	$(BIN)/python scripts/demo.py
+
+test: venv
+	scripts/ensure_services.sh
+	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: venv
+	scripts/ensure_services.sh --no-browser
+	$(TEST_ENV) $(BIN)/python -m pytest -m "not browser and not e2e" $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Keeps var/ (the embedded mode's database and spool): that is data, not build output.
+clean:
+	rm -rf $(VENV) staticfiles .pytest_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
