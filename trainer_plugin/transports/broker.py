@@ -1,0 +1,81 @@
+"""Hands batches straight to the collectors' Celery queue through the broker (redis://).
+
+For clusters where the training nodes reach Redis but not the web tier. The collectors' task
+validates and authorizes again, so this path is no more trusted than HTTP. Celery is imported only
+here, and only when the first batch goes out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer_plugin.transports import PermanentSendError, TransientSendError
+
+TASK_NAME = "collectors.ingest_batch"
+QUEUE = "ingest"
+# Celery's own retries cover a blip of a second; longer outages are the sender's business, which
+# keeps the batch and backs off instead of blocking inside send_task.
+RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+INSTALL_HINT = ("the redis:// transport needs Celery, which is not installed: "
+                "pip install 'runwatch[broker]'")
+
+
+class BrokerTransport:
+    def __init__(self, url: str, token: str | None):
+        self.url = url
+        self.token = token
+        self._app: Any = None
+        self._connection_errors: tuple[type[BaseException], ...] = (OSError,)
+
+    def _celery(self) -> Any:
+        if self._app is not None:
+            return self._app
+        try:
+            from celery import Celery
+            from kombu.exceptions import OperationalError
+        except ImportError:
+            raise PermanentSendError(None, INSTALL_HINT) from None
+        # set_as_current=False: the training script may have a Celery app of its own.
+        app = Celery("runwatch-plugin", broker=self.url, set_as_current=False)
+        app.conf.update(
+            task_serializer="json",
+            accept_content=["json"],
+            broker_connection_timeout=5,
+            # A Redis that accepts the connection and then hangs must not hold the sender forever.
+            broker_transport_options={"socket_timeout": 10, "socket_connect_timeout": 5},
+        )
+        connection = app.connection_for_write()
+        try:
+            errors = tuple(connection.connection_errors)
+        finally:
+            connection.release()
+        self._connection_errors = (OperationalError, OSError, *errors)
+        self._app = app
+        return app
+
+    def send(self, batch: dict[str, Any], timeout_s: float | None = None) -> None:
+        app = self._celery()
+        try:
+            app.send_task(TASK_NAME, args=[batch], kwargs={"token": self.token}, queue=QUEUE,
+                          retry=True, retry_policy=RETRY_POLICY,
+                          # Shown in worker logs and Flower: the batch id, never the token.
+                          argsrepr=f"[<batch {batch.get('batch_id')}>]",
+                          kwargsrepr="{'token': '***'}")
+        except self._connection_errors as error:
+            raise TransientSendError(f"cannot reach the broker at {_redacted(self.url)}: "
+                                     f"{error}") from None
+
+    def close(self) -> None:
+        if self._app is not None:
+            self._app.close()
+            self._app = None
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password, for log lines."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, location = rest.rpartition("@")
+    if not at:
+        return url
+    user = credentials.partition(":")[0]
+    return f"{scheme}{sep}{user}:***@{location}" if user else f"{scheme}{sep}***@{location}"
