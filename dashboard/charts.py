@@ -13,6 +13,8 @@ from datetime import datetime
 from typing import Any
 
 MAX_POINTS_PER_TRACE = 2000
+# Two rows of charts under the run header fit a laptop screen (1280x800).
+CHART_HEIGHT_PX = 250
 
 # Colour per rank, the same on every chart so rank 3 is one colour everywhere (Tableau 10).
 _PALETTE = (
@@ -101,8 +103,8 @@ def _layout(title: str, x_title: str, y_title: str, *, x_is_time: bool) -> dict[
         "title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 13}},
         "xaxis": {**axis, "title": {"text": x_title}, **({"type": "date"} if x_is_time else {})},
         "yaxis": {**axis, "title": {"text": y_title}},
-        "margin": {"l": 56, "r": 16, "t": 36, "b": 40},
-        "height": 300,
+        "margin": {"l": 56, "r": 16, "t": 32, "b": 36},
+        "height": CHART_HEIGHT_PX,
         "paper_bgcolor": "#ffffff",
         "plot_bgcolor": "#ffffff",
         "font": {
@@ -110,7 +112,7 @@ def _layout(title: str, x_title: str, y_title: str, *, x_is_time: bool) -> dict[
             "size": 11,
             "color": "#2b303b",
         },
-        "legend": {"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"},
+        "legend": {"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"},
         "hovermode": "x unified",
         # A refresh must not undo the user's zoom or hidden ranks.
         "uirevision": title,
@@ -132,7 +134,7 @@ def throughput_figure(rate_by_rank: Mapping[int, Series], unit: str) -> Figure:
     }
     return {
         "data": rank_traces(in_ms),
-        "layout": _layout(f"Throughput ({unit})", "time (UTC)", unit, x_is_time=True),
+        "layout": _layout(f"Throughput per rank ({unit})", "time (UTC)", unit, x_is_time=True),
     }
 
 

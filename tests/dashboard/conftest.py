@@ -145,13 +145,14 @@ def realistic_run(project: Project, name: str, now: datetime, *, steps: int = 40
     )
     start = now - timedelta(seconds=steps * 1.6 + 3)
     rows = []
-    for rank in range(2):
-        ts = start
-        for step in range(1, steps + 1):
-            duration = 1.6 + rng.gauss(0, 0.04) + (0.05 if rank == 1 else 0.0)
-            if step == steps // 2:
-                duration += 2.5  # a checkpoint save
-            ts += timedelta(seconds=duration)
+    ts = start
+    for step in range(1, steps + 1):
+        # Ranks step in lockstep (the all-reduce waits for the slowest), so they share the step's
+        # end time; each rank's own compute time differs a little.
+        step_s = 1.6 + rng.gauss(0, 0.04) + (2.5 if step == steps // 2 else 0.0)  # a checkpoint
+        ts += timedelta(seconds=step_s)
+        for rank in range(2):
+            duration = step_s + rng.gauss(0, 0.015)
             loss = 2.1 + 8.5 * math.exp(-step / 70) + rng.gauss(0, 0.08)
             rows.append(StepMetric(run=run, attempt=attempts[1], rank=rank, step=step, ts=ts,
                                    duration_s=duration, tokens=4096, loss=loss))

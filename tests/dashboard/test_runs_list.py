@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.urls import reverse
 
 from collectors.models import Run
@@ -88,7 +90,14 @@ def test_json_rows_html_matches_the_page(clients, llm_run):
 
 
 @pytest.mark.django_db
-def test_page_loads_only_local_assets(clients, llm_run):
+def test_pages_load_only_local_assets(clients, llm_run, projects):
     for url in (reverse("runs"), reverse("run", args=[llm_run.pk]), reverse("login")):
         page = clients["owner"].get(url).content.decode()
-        assert "http://" not in page and "https://" not in page.replace("https://runwatch.example", ""), url
+        assert not re.search(r'(src|href)="(https?:)?//', page), url
+
+
+@pytest.mark.django_db
+def test_wrong_password_says_so(users):
+    response = Client().post(reverse("login"), {"username": "olivia", "password": "nope"})
+    assert response.status_code == 200
+    assert "Please enter a correct username and password" in response.content.decode()
