@@ -91,6 +91,8 @@ def test_log_in_see_run_and_watch_charts_grow(page, live_server, users, projects
         assert trace_lengths(page, chart_id) == [200, 200]
     assert page.locator("#live").get_attribute("data-state") == "live"
 
+    # Set on this document only: if it survives, the charts grew without a reload.
+    page.evaluate("() => { window.noReload = true; }")
     attempt = llm_run.attempts.order_by("number").last()
     last = llm_run.stepmetric_set.order_by("-ts").first().ts
     StepMetric.objects.bulk_create(
@@ -108,6 +110,15 @@ def test_log_in_see_run_and_watch_charts_grow(page, live_server, users, projects
         "() => document.querySelector('[data-field=\"last_step_text\"]').textContent === '230'",
         timeout=10_000,
     )
+    assert page.evaluate("() => window.noReload") is True
+
+    # The run ends: the header says so and the page stops polling.
+    Run.objects.filter(pk=llm_run.pk).update(status=Run.Status.FINISHED)
+    page.wait_for_function(
+        "() => document.querySelector('#live .live-text').textContent === 'Final'",
+        timeout=10_000,
+    )
+    assert page.locator('[data-field="status"]').inner_text().lower() == "finished"
 
 
 def test_finished_run_page_does_not_poll(page, live_server, users, projects, llm_run, settings):
