@@ -150,9 +150,9 @@ def test_logout_through_the_top_bar(page, live_server, users, projects):
     assert "/login/" in page.url
 
 
-@pytest.mark.skipif(not os.environ.get("RUNWATCH_SCREENSHOTS"),
-                    reason="set RUNWATCH_SCREENSHOTS=1 to refresh docs/screenshots")
-def test_screenshots(page, live_server, users, projects):
+def test_a_realistic_runs_list_shows_every_status(page, live_server, users, projects, tmp_path):
+    """Also the README's screenshots: RUNWATCH_SCREENSHOTS=1 writes them to docs/screenshots."""
+    shots = SCREENSHOTS if os.environ.get("RUNWATCH_SCREENSHOTS") else tmp_path
     now = timezone.now()
     run = realistic_run(projects["llm"], "llama-1b-pretrain", now)
     done = realistic_run(projects["llm"], "llama-1b-lr-sweep-3e-4", now - timedelta(hours=2),
@@ -164,12 +164,15 @@ def test_screenshots(page, live_server, users, projects):
     hung = realistic_run(projects["llm"], "llama-1b-long-ctx", now - timedelta(minutes=9),
                          steps=200, seed=9)
     Run.objects.filter(pk=hung.pk).update(last_seen_at=now - timedelta(minutes=9))
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shots.mkdir(parents=True, exist_ok=True)
     page.goto(live_server.url + "/login/")
-    page.screenshot(path=str(SCREENSHOTS / "login.png"))
+    page.screenshot(path=str(shots / "login.png"))
     log_in(page, live_server, users["owner"].username)
-    page.screenshot(path=str(SCREENSHOTS / "runs.png"))
+    page.screenshot(path=str(shots / "runs.png"))
+    statuses = page.locator("#runs-body .pill").all_inner_texts()
+    assert sorted(s.strip().lower() for s in statuses) == ["failed", "finished", "running", "stalled"]
     page.goto(f"{live_server.url}/runs/{run.pk}/")
     page.wait_for_function("() => (document.getElementById('chart-duration').data || []).length")
     page.wait_for_timeout(500)
-    page.screenshot(path=str(SCREENSHOTS / "run.png"))
+    page.screenshot(path=str(shots / "run.png"))
+    assert all((shots / name).stat().st_size > 10_000 for name in ("login.png", "runs.png", "run.png"))
