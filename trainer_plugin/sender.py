@@ -23,6 +23,7 @@ from trainer_plugin.protocol import _METRIC_NAME, MAX_EVENTS, MAX_METRICS, make_
 from trainer_plugin.transports import PermanentSendError, TransientSendError, Transport
 
 log = logging.getLogger("runwatch")
+_isfinite = math.isfinite
 
 #: One buffered step: (step, ts, duration_s, tokens, metrics), exactly as the training loop gave
 #: them; nothing is converted on the hot path.
@@ -55,6 +56,9 @@ once = OnceLogger(log)
 
 def as_float(value: Any, name: str) -> float | None:
     """A finite float, or None for a missing, non-finite or unconvertible value."""
+    cls = value.__class__
+    if cls is float:  # the common case, without the cost of a call and a try
+        return value if _isfinite(value) else None
     if value is None:
         return None
     try:
@@ -193,6 +197,7 @@ class Sender:
         self._failures = 0  # consecutive transient failures
         self._stopping = threading.Event()
         self._deadline = math.inf
+        self._abandoned_at_close = 0
         self._thread = threading.Thread(target=self._main, name="runwatch-sender", daemon=True)
 
         self.steps_drained = 0
@@ -219,7 +224,7 @@ class Sender:
             log.warning("Runwatch: could not deliver all metrics within %.1f s; %d batches were "
                         "not delivered", timeout_s, len(self._pending))
             return False
-        return not self._pending and not self._steps and not self._events
+        return not self._abandoned_at_close and not self._steps and not self._events
 
     # --- the thread ---------------------------------------------------------------------------
 
@@ -276,6 +281,7 @@ class Sender:
                 continue
             self._send_pending(deadline=self._deadline)
         while self._pending:
+            self._abandoned_at_close += 1
             self._drop(self._pending.popleft(), "not delivered before close")
 
     # --- batching -----------------------------------------------------------------------------

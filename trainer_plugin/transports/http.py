@@ -62,8 +62,9 @@ class HttpTransport:
     def encode(self, batch: dict[str, Any]) -> bytes:
         # allow_nan=False: a NaN that slipped through must fail here, loudly, not at the collector.
         raw = json.dumps(batch, separators=(",", ":"), allow_nan=False).encode("utf-8")
-        # Level 5: nearly the ratio of 9 at a fraction of the CPU, which the training process pays.
-        return gzip.compress(raw, compresslevel=5)
+        # Level 1: on metric columns (random-looking floats) it compresses within ~5% of level 6
+        # at a quarter of the CPU, and that CPU is the training process's.
+        return gzip.compress(raw, compresslevel=1)
 
     def send(self, batch: dict[str, Any], timeout_s: float | None = None) -> None:
         headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
