@@ -25,6 +25,8 @@ class BrokerTransport:
         self.url = url
         self.token = token
         self._app: Any = None
+        self._connection: Any = None
+        self._producer: Any = None
         self._connection_errors: tuple[type[BaseException], ...] = (OSError,)
 
     def _celery(self) -> Any:
@@ -44,12 +46,13 @@ class BrokerTransport:
             # A Redis that accepts the connection and then hangs must not hold the sender forever.
             broker_transport_options={"socket_timeout": 10, "socket_connect_timeout": 5},
         )
-        connection = app.connection_for_write()
-        try:
-            errors = tuple(connection.connection_errors)
-        finally:
-            connection.release()
-        self._connection_errors = (OperationalError, OSError, *errors)
+        # Our own connection to *this* URL: Celery's default connection prefers the environment's
+        # CELERY_BROKER_URL over the app's broker, which on a node that also runs Celery for
+        # something else would send our batches there. Connecting is lazy (first publish).
+        self._connection = app.connection_for_write(self.url)
+        self._producer = app.amqp.Producer(self._connection)
+        self._connection_errors = (OperationalError, OSError,
+                                   *self._connection.connection_errors)
         self._app = app
         return app
 
@@ -57,15 +60,18 @@ class BrokerTransport:
         app = self._celery()
         try:
             app.send_task(TASK_NAME, args=[batch], kwargs={"token": self.token}, queue=QUEUE,
-                          retry=True, retry_policy=RETRY_POLICY,
+                          producer=self._producer, retry=True, retry_policy=RETRY_POLICY,
                           # Shown in worker logs and Flower: the batch id, never the token.
                           argsrepr=f"[<batch {batch.get('batch_id')}>]",
                           kwargsrepr="{'token': '***'}")
         except self._connection_errors as error:
             raise TransientSendError(f"cannot reach the broker at {_redacted(self.url)}: "
-                                     f"{error}") from None
+                                     f"{_redacted(str(error))}") from None
 
     def close(self) -> None:
+        if self._connection is not None:
+            self._connection.release()
+            self._connection = None
         if self._app is not None:
             self._app.close()
             self._app = None
