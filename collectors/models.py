@@ -223,3 +223,68 @@ class Checkpoint(models.Model):
 
     class Meta:
         ordering = ["ts"]
+
+
+class Category(models.TextChoices):
+    """Root-cause categories of DESIGN.md; the slugs are stable and used in the API."""
+
+    GPU_HARDWARE = "gpu_hardware", "GPU hardware"
+    GPU_MEMORY = "gpu_memory", "GPU memory (HBM/ECC)"
+    GPU_OOM = "gpu_oom", "GPU out of memory"
+    NETWORK = "network", "Network"
+    NCCL_TIMEOUT = "nccl_timeout", "NCCL timeout / collective hang"
+    HOST = "host", "Host (CPU, RAM, OS)"
+    HOST_MAINTENANCE = "host_maintenance", "Host maintenance"
+    STORAGE = "storage", "Storage"
+    DATALOADER = "dataloader", "Dataloader"
+    SOFTWARE_BUG = "software_bug", "Software bug"
+    NUMERICAL = "numerical", "Numerical (NaN/Inf)"
+    PLANNED = "planned", "Planned (preemption, stop)"
+    UNKNOWN = "unknown", "Unknown"
+
+
+class Interruption(models.Model):
+    """One stop of an attempt: reported by the plugin or the launcher, or inferred by the stall
+    detector. The classifier's verdict and an engineer's label are both kept; the label wins."""
+
+    class Source(models.TextChoices):
+        EXCEPTION = "exception"
+        SIGNAL = "signal"
+        LAUNCHER = "launcher"
+        STALL = "stall"
+        KILL = "kill"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="interruptions")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="interruptions")
+    event = models.OneToOneField(Event, on_delete=models.SET_NULL, null=True, blank=True)
+    ts = models.DateTimeField()
+    rank = models.PositiveIntegerField(null=True, blank=True)
+    host = models.CharField(max_length=255, blank=True)
+    source = models.CharField(max_length=16, choices=Source.choices)
+    # What the classifier decided, and from what.
+    category = models.CharField(max_length=32, choices=Category.choices, default=Category.UNKNOWN)
+    expected = models.BooleanField(default=False)
+    confidence = models.FloatField(default=0.0)
+    rule = models.CharField(max_length=100, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    # An engineer's re-label; None means "as classified".
+    label_category = models.CharField(max_length=32, choices=Category.choices, blank=True)
+    label_expected = models.BooleanField(null=True, blank=True)
+    labelled_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                                    blank=True, related_name="+")
+    labelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["ts"]
+        indexes = [models.Index(fields=["run", "ts"], name="interruption_run_ts")]
+
+    def __str__(self) -> str:
+        return f"{self.run} {self.effective_category} at {self.ts:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def effective_category(self) -> str:
+        return self.label_category or self.category
+
+    @property
+    def effective_expected(self) -> bool:
+        return self.expected if self.label_expected is None else self.label_expected
