@@ -16,6 +16,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,9 @@ _isfinite = math.isfinite
 #: One buffered step: (step, ts, duration_s, tokens, metrics), exactly as the training loop gave
 #: them; nothing is converted on the hot path.
 StepRow = tuple[Any, float, Any, Any, dict[str, Any]]
+
+#: Batch size while closing: small enough (~10 ms to convert) that the close deadline is kept.
+CLOSING_BATCH_ROWS = 2000
 
 
 class OnceLogger:
@@ -101,8 +105,16 @@ def json_safe(value: Any, depth: int = 0) -> Any:
     return str(value)
 
 
-def step_columns(rows: list[StepRow]) -> tuple[dict[str, Any], int]:
-    """Builds the columnar ``steps`` table; returns it and the number of rows left out."""
+class DeadlinePassed(Exception):
+    """close() stopped waiting while a batch was being converted."""
+
+
+def step_columns(rows: list[StepRow], give_up: Callable[[], bool] | None = None,
+                 ) -> tuple[dict[str, Any], int]:
+    """Builds the columnar ``steps`` table; returns it and the number of rows left out.
+
+    Raises DeadlinePassed as soon as ``give_up()`` is true: a large batch takes a while, and once
+    close() has returned the interpreter may be shutting down under this thread."""
     steps: list[int] = []
     ts: list[float] = []
     durations: list[float | None] = []
@@ -110,7 +122,9 @@ def step_columns(rows: list[StepRow]) -> tuple[dict[str, Any], int]:
     metrics: dict[str, list[float | None]] = {}
     rejected_names: set[str] = set()
     skipped = 0
-    for step, when, duration_s, token_count, values in rows:
+    for index, (step, when, duration_s, token_count, values) in enumerate(rows):
+        if index % 500 == 0 and give_up is not None and give_up():
+            raise DeadlinePassed
         step_number = as_count(step, "step")
         if step_number is None:
             once.warning(f"step:{type(step).__name__}",
@@ -215,7 +229,10 @@ class Sender:
     def stop(self, timeout_s: float) -> bool:
         """Sends everything still buffered, trying until ``timeout_s`` has passed, then stops.
         Returns True when all of it was delivered."""
-        self._deadline = time.monotonic() + max(0.0, timeout_s)
+        timeout_s = max(0.0, timeout_s)
+        # The thread's own deadline comes a little earlier than the join's, so that it has
+        # finished its last conversion or send, and is idle, when close() returns.
+        self._deadline = time.monotonic() + timeout_s - min(0.25, timeout_s * 0.1)
         self._stopping.set()
         self._wake.set()
         if self._thread.is_alive():
@@ -256,6 +273,9 @@ class Sender:
                                   self._next_attempt_at - time.monotonic()))
         return self._flush_interval_s
 
+    def _past_deadline(self) -> bool:
+        return time.monotonic() >= self._deadline
+
     def _backing_off(self) -> bool:
         return bool(self._pending) and time.monotonic() < self._next_attempt_at
 
@@ -270,7 +290,9 @@ class Sender:
         if self._failures:
             self._next_attempt_at = time.monotonic()
         while True:
-            self._batch_up(full_only=False)
+            # One batch at a time, so that the deadline is checked between conversions and a
+            # full buffer cannot keep this thread busy past close().
+            self._batch_up(full_only=False, max_batches=1, rows=CLOSING_BATCH_ROWS)
             if not self._pending:
                 return
             now = time.monotonic()
@@ -283,18 +305,35 @@ class Sender:
         while self._pending:
             self._abandoned_at_close += 1
             self._drop(self._pending.popleft(), "not delivered before close")
+        # Rows never even converted: counted, not sent.
+        steps, events = len(self._steps), len(self._events)
+        self._steps.clear()
+        self._events.clear()
+        self.steps_drained += steps
+        self.rows_dropped += steps + events
+        self._abandoned_at_close += bool(steps or events)
 
     # --- batching -----------------------------------------------------------------------------
 
-    def _batch_up(self, *, full_only: bool) -> None:
-        limit = self._max_batch_rows
-        while self._events or self._steps:
+    def _batch_up(self, *, full_only: bool, max_batches: float = math.inf,
+                  rows: int | None = None) -> None:
+        limit = min(self._max_batch_rows, rows or self._max_batch_rows)
+        made = 0
+        while (self._events or self._steps) and made < max_batches:
+            if time.monotonic() >= self._deadline:
+                return  # close() has given up waiting; _final_flush counts what is left
+            made += 1
             if full_only and len(self._steps) + len(self._events) < limit:
                 return
             events = _take(self._events, min(limit, MAX_EVENTS))
             rows = _take(self._steps, limit - len(events))
             self.steps_drained += len(rows)
-            table, skipped = step_columns(rows)
+            try:
+                table, skipped = step_columns(rows, self._past_deadline)
+            except DeadlinePassed:
+                self.rows_dropped += len(rows) + len(events)
+                self._abandoned_at_close += 1
+                return
             self.rows_dropped += skipped
             batch = make_batch(run=self._run, source=self._source, steps=table,
                                events=[json_safe(event) for event in events])
@@ -325,6 +364,7 @@ class Sender:
     def _send_pending(self, deadline: float) -> None:
         while self._pending:
             now = time.monotonic()
+            deadline = min(deadline, self._deadline)
             if now < self._next_attempt_at or now >= deadline:
                 return
             item = self._pending[0]

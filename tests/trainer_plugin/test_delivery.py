@@ -143,3 +143,25 @@ def test_hot_path_is_cheap(collector) -> None:
     # The target is well under 5 us; the bound leaves room for a loaded CI machine.
     assert best_us < 10, best_us
     assert collector.steps()["step"] == list(range(10_000))
+
+
+def test_close_keeps_its_timeout_with_a_huge_buffer_and_counts_what_it_abandons(
+        closed_port_url) -> None:
+    import torch
+
+    loss = torch.tensor(1.0)
+    monitor = make_monitor(closed_port_url, max_batch_rows=100_000, buffer_rows=500_000,
+                           flush_interval_s=60)
+    for _ in range(150_000):
+        monitor.step(loss=loss)
+    started = time.monotonic()
+    assert monitor.close(timeout_s=0.3) is False
+    assert time.monotonic() - started < 1.0
+    sender = monitor._sender
+    assert sender is not None
+    sender._thread.join(2)
+    assert not sender._thread.is_alive()  # the thread stopped too, not only the wait for it
+    stats = monitor.stats
+    assert stats["steps_recorded"] == 150_000
+    assert stats["rows_sent"] == 0
+    assert stats["rows_dropped"] == 150_002  # every step, plus start and finish
