@@ -292,8 +292,8 @@ class Sender:
         while True:
             # One batch at a time, so that the deadline is checked between conversions and a
             # full buffer cannot keep this thread busy past close().
-            self._batch_up(full_only=False, max_batches=1, rows=CLOSING_BATCH_ROWS)
-            if not self._pending:
+            self._batch_up(full_only=False, max_batches=1, batch_rows=CLOSING_BATCH_ROWS)
+            if not (self._pending or self._steps or self._events):
                 return
             now = time.monotonic()
             if now >= self._deadline or self._next_attempt_at >= self._deadline:
@@ -316,8 +316,8 @@ class Sender:
     # --- batching -----------------------------------------------------------------------------
 
     def _batch_up(self, *, full_only: bool, max_batches: float = math.inf,
-                  rows: int | None = None) -> None:
-        limit = min(self._max_batch_rows, rows or self._max_batch_rows)
+                  batch_rows: int | None = None) -> None:
+        limit = min(self._max_batch_rows, batch_rows or self._max_batch_rows)
         made = 0
         while (self._events or self._steps) and made < max_batches:
             if time.monotonic() >= self._deadline:
