@@ -114,8 +114,8 @@ class Monitor:
         self._steps: deque = deque()
         self._events: deque = deque()
         self._wake = threading.Event()
-        self._buffer_rows = max(1, int(buffer_rows))
-        self._max_batch_rows = max(1, min(int(max_batch_rows), MAX_ROWS))
+        self._buffer_rows = 200_000
+        self._max_batch_rows = 5000
         self._next_step = 0
         self._last_perf: float | None = None
         self._steps_dropped = 0
@@ -124,6 +124,8 @@ class Monitor:
         self._sender: Sender | None = None
         self.environment: environment.Environment | None = None
         try:
+            self._buffer_rows = max(1, int(buffer_rows))
+            self._max_batch_rows = max(1, min(int(max_batch_rows), MAX_ROWS))
             self._setup(project, run, url, token, attempt, config, flush_interval_s, host)
         except Exception:
             log.warning("Runwatch is disabled: setting up the monitor failed", exc_info=True)

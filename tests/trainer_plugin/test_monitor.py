@@ -207,3 +207,15 @@ def test_gzip_body_is_smaller_than_the_json(collector) -> None:
     body = HttpTransport(collector.url, "t").encode(batch)
     assert len(body) < len(gzip.decompress(body)) / 4
     assert not any(isinstance(v, float) and math.isnan(v) for v in batch["steps"]["ts"])
+
+
+def test_nonsense_arguments_disable_the_monitor_instead_of_raising(collector, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="runwatch"):
+        monitor = Monitor("llm", "r", url=collector.url, token="t", buffer_rows="lots")  # type: ignore[arg-type]
+        other = Monitor("llm", "r", url=collector.url, token="t", flush_interval_s=None)  # type: ignore[arg-type]
+    assert not monitor.enabled and not other.enabled
+    assert caplog.text.count("Runwatch is disabled") == 2
+    for m in (monitor, other):
+        m.step(loss=1.0)
+        m.event("heartbeat")
+        assert m.close() is True
