@@ -45,6 +45,9 @@ EVENT_KINDS = frozenset(
         "checkpoint_save",
         "checkpoint_load",
         "xid",
+        # A rise of a GPU's volatile ECC error counters, sent by the GPU sampler: evidence for an
+        # interruption's root cause (gpu_memory) beside XIDs.
+        "ecc",
         "heartbeat",
     }
 )

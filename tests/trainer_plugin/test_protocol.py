@@ -84,3 +84,10 @@ def test_too_many_rows_is_batch_too_large() -> None:
         validate_batch(batch)
     assert caught.value.status == 413
     assert caught.value.field == "steps.step"
+
+
+def test_ecc_event_from_the_gpu_sampler_passes() -> None:
+    batch = good_batch()
+    batch["events"].append({"kind": "ecc", "ts": 1.7e9 + 2, "gpu": 3, "volatile_sbe": 12,
+                            "volatile_dbe": 1, "delta_sbe": 2, "delta_dbe": 1})
+    assert validate_batch(batch)["events"][1]["kind"] == "ecc"
