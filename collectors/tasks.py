@@ -58,3 +58,13 @@ def enqueue_batch(batch: dict[str, Any], token: str) -> None:
         ingest_batch(batch, token=token)
     else:
         ingest_batch.apply_async(args=[batch], kwargs={"token": token})
+
+
+@shared_task(name="collectors.detect_stalls", ignore_result=True, **RETRY_POLICY)
+def detect_stalls() -> dict[str, Any]:
+    """Beat task: records an interruption for every attempt that went silent (collectors.stalls).
+    Safe to run on any schedule: each silent attempt is recorded once."""
+    from collectors import stalls
+
+    created = stalls.detect_stalls()
+    return {"interruptions": [i.pk for i in created]}

@@ -157,6 +157,15 @@ RUNWATCH_STALE_AFTER_S = env.int("RUNWATCH_STALE_AFTER_S", default=120)
 # How often the run page asks for fresh chart data.
 RUNWATCH_REFRESH_MS = env.int("RUNWATCH_REFRESH_MS", default=3000)
 
+# --- Stall detection (collectors.stalls) ---------------------------------------------------------
+# An attempt with no step and no heartbeat for max(this, 10 x its median step time) gets an
+# interruption (a hang or a kill). Beat asks every 30 s, so a silent attempt is seen within about
+# a minute of its threshold; the task is idempotent, so an extra tick costs one small query.
+RUNWATCH_STALL_AFTER_S = env.int("RUNWATCH_STALL_AFTER_S", default=60)
+CELERY_BEAT_SCHEDULE = {
+    "detect-stalls": {"task": "collectors.detect_stalls", "schedule": 30.0},
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
