@@ -1,0 +1,119 @@
+"""The reads behind a run's Failures and Checkpoints pages: attempts reduced to their step spans,
+checkpoints merged over ranks, and interruptions with the label applied. Rows in, facts out; what
+they mean is worked out by collectors.analysis.goodput, .checkpoints and .root_causes.
+
+Step tables are large, so nothing here reads a whole run's steps: every lookup walks the (run, ts)
+index from one end and stops at the first row that matches."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from django.db import connection
+
+from collectors.analysis import goodput
+from collectors.analysis.goodput import AttemptSpan, CheckpointFact, InterruptionFact
+from collectors.models import Attempt, Checkpoint, Interruption, Run, StepMetric
+
+
+def _epoch(ts: datetime | None) -> float | None:
+    return ts.timestamp() if ts is not None else None
+
+
+# Per attempt, its first and last step rows (any rank: ranks step in lockstep, so the earliest
+# and the latest row bound the attempt's training). Reading from the attempt's start forwards and
+# from the next attempt's start backwards keeps each LATERAL to a few index entries.
+_SPANS_SQL = """
+SELECT a.number, a.started_at, a.ended_at, f.ts, f.step, l.ts, l.step
+FROM {attempt} a
+LEFT JOIN LATERAL (
+    SELECT ts, step FROM {step}
+    WHERE run_id = a.run_id AND attempt_id = a.id
+      AND ts >= coalesce(a.started_at, '-infinity'::timestamptz)
+    ORDER BY ts, step LIMIT 1) f ON true
+LEFT JOIN LATERAL (
+    SELECT ts, step FROM {step}
+    WHERE run_id = a.run_id AND attempt_id = a.id
+    ORDER BY ts DESC, step DESC LIMIT 1) l ON true
+WHERE a.run_id = %(run)s
+ORDER BY a.number
+"""
+
+
+def attempt_spans(run: Run) -> list[AttemptSpan]:
+    sql = _SPANS_SQL.format(attempt=Attempt._meta.db_table, step=StepMetric._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"run": run.pk})
+        rows = cursor.fetchall()
+    return [
+        AttemptSpan(number=number, started_at=_epoch(started), ended_at=_epoch(ended),
+                    first_step_at=_epoch(first_ts), first_step=first_step,
+                    last_step_at=_epoch(last_ts), last_step=last_step)
+        for number, started, ended, first_ts, first_step, last_ts, last_step in rows
+    ]
+
+
+# One save (or load) is reported by every rank that took part: it is merged into one fact with
+# the slowest rank's blocking time (the job waits for it), the shards' bytes summed, and the
+# first rank's time. Reports without a step cannot be matched across ranks; rank 0's are kept.
+_CHECKPOINTS_SQL = """
+SELECT a.number, c.kind, c.step, min(c.ts), max(c.duration_s), sum(c.bytes), count(*),
+       min(c.path)
+FROM {checkpoint} c JOIN {attempt} a ON a.id = c.attempt_id
+WHERE c.run_id = %(run)s AND (c.step IS NOT NULL OR c.rank = 0)
+GROUP BY a.number, c.kind, c.step, CASE WHEN c.step IS NULL THEN c.id END
+ORDER BY min(c.ts)
+"""
+
+
+def checkpoint_facts(run: Run) -> list[CheckpointFact]:
+    sql = _CHECKPOINTS_SQL.format(checkpoint=Checkpoint._meta.db_table,
+                                  attempt=Attempt._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"run": run.pk})
+        rows = cursor.fetchall()
+    return [
+        CheckpointFact(attempt=number, kind=kind, step=step, ts=ts.timestamp(),
+                       duration_s=duration, bytes=int(size) if size is not None else None)
+        for number, kind, step, ts, duration, size, _ranks, _path in rows
+    ]
+
+
+def run_interruptions(run: Run) -> list[Interruption]:
+    return list(Interruption.objects.filter(run=run).select_related("attempt", "labelled_by")
+                .order_by("ts", "id"))
+
+
+def interruption_facts(interruptions: list[Interruption]) -> list[InterruptionFact]:
+    """Facts for the analyses, with an engineer's label in place of the classifier's verdict."""
+    return [
+        InterruptionFact(attempt=i.attempt.number, ts=i.ts.timestamp(), source=i.source,
+                         category=i.effective_category, expected=i.effective_expected, id=i.pk)
+        for i in interruptions
+    ]
+
+
+def kept_step_times(run: Run, kept: Mapping[int, int]) -> dict[int, float | None]:
+    """For each attempt number → kept step, the time of the attempt's newest step row at or
+    before that step (None when it has none). Read backwards from the attempt's end, so the cost
+    is the rows after the kept step: one checkpoint interval at most."""
+    if not kept:
+        return {}
+    ids = dict(Attempt.objects.filter(run=run, number__in=list(kept)).values_list("number", "id"))
+    found: dict[int, float | None] = {}
+    for number, step in kept.items():
+        ts = (StepMetric.objects.filter(run=run, attempt_id=ids.get(number), step__lte=step)
+              .order_by("-ts").values_list("ts", flat=True).first())
+        found[number] = _epoch(ts)
+    return found
+
+
+def run_goodput(run: Run, interruptions: list[Interruption] | None = None) -> goodput.RunGoodput:
+    """The run's goodput: spans, checkpoints and interruptions read here, judged by
+    collectors.analysis.goodput."""
+    spans = attempt_spans(run)
+    checkpoints = checkpoint_facts(run)
+    facts = interruption_facts(run_interruptions(run) if interruptions is None else interruptions)
+    kept = goodput.kept_steps(spans, checkpoints, facts)
+    return goodput.run_goodput(spans, checkpoints, facts, kept_step_times(run, kept))
