@@ -288,3 +288,54 @@ class Interruption(models.Model):
     @property
     def effective_expected(self) -> bool:
         return self.expected if self.label_expected is None else self.label_expected
+
+
+class ClassificationRule(models.Model):
+    """One root-cause rule: when ``pattern`` matches the evidence ``field``, the interruption is
+    ``category``. Shipped rules come from collectors/classification/rules_v1.json (origin "file");
+    a rule saved in the admin becomes origin "admin" and wins over the file for its slug (see
+    collectors.classification.rules)."""
+
+    class Field(models.TextChoices):
+        TEXT = "text", "Exception text / traceback / launcher stderr"
+        EXC_TYPE = "exc_type", "Exception type"
+        EXIT_CODE = "exit_code", "Exit code"
+        SIGNAL = "signal", "Signal name (SIGTERM…)"
+        XID = "xid", "XID as CODE:category"
+        ECC_DBE = "ecc_dbe", "Double-bit ECC count"
+        HEARTBEAT = "heartbeat", "Stall: source:alive|lost"
+
+    class Origin(models.TextChoices):
+        FILE = "file"
+        ADMIN = "admin"
+
+    slug = models.SlugField(max_length=100, unique=True)
+    version = models.PositiveIntegerField(default=1)
+    # Highest first; the first rule that matches decides.
+    priority = models.IntegerField(default=50)
+    category = models.CharField(max_length=32, choices=Category.choices)
+    expected = models.BooleanField(default=False)
+    confidence = models.FloatField(default=0.5)
+    field = models.CharField(max_length=16, choices=Field.choices, default=Field.TEXT)
+    pattern = models.TextField(help_text="Python regular expression, searched case-insensitively.")
+    enabled = models.BooleanField(default=True)
+    description = models.TextField(blank=True)
+    origin = models.CharField(max_length=8, choices=Origin.choices, default=Origin.ADMIN)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-priority", "slug"]
+
+    def __str__(self) -> str:
+        return f"{self.slug} → {self.category}"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from collectors.classification.rules import rule_problems
+
+        problems = rule_problems({"slug": self.slug, "category": self.category, "field": self.field,
+                                  "pattern": self.pattern, "confidence": self.confidence,
+                                  "priority": self.priority})
+        if problems:
+            raise ValidationError(problems)
