@@ -72,7 +72,7 @@ class Truth:
 
 DEFAULT_PLAN = (
     PlannedAttempt(steps=173, end="exception", startup_s=120.0, tail_s=0.7, downtime_s=300.0,
-                   text="RuntimeError: CUDA error: an illegal memory access was encountered",
+                   text="CUDA error: an illegal memory access was encountered",
                    exc_type="RuntimeError", category=Category.GPU_HARDWARE),
     PlannedAttempt(steps=110, end="hang", startup_s=90.0, hang_s=600.0, downtime_s=200.0,
                    category=Category.NCCL_TIMEOUT),
@@ -181,10 +181,9 @@ def generate_run(token: str, *, project: str = "llm", name: str = "generated-run
         t = stop + planned.downtime_s
         truth.end = t
     run = Run.objects.get(project__slug=project, name=name)
-    # The detector files hangs and kills by its rules; the plan says what they should be.
+    # The classifier files each interruption by its rules; the plan is the truth of this run.
     for number, planned in enumerate(plan):
-        Interruption.objects.filter(run=run, attempt__number=number,
-                                    source__in=("stall", "kill")).update(
+        Interruption.objects.filter(run=run, attempt__number=number).update(
             category=planned.category, expected=planned.expected)
     return GeneratedRun(run=run, truth=truth, plan=tuple(plan))
 
