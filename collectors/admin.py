@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from collectors.models import (
     Attempt,
     Checkpoint,
+    ClassificationRule,
     Event,
     IngestedBatch,
     IngestToken,
@@ -78,3 +79,27 @@ class RejectedBatchAdmin(admin.ModelAdmin):
     list_display = ("received_at", "project", "batch_id", "reason")
     search_fields = ("batch_id", "project", "reason")
     readonly_fields = ("received_at", "project", "batch_id", "reason", "field", "excerpt")
+
+
+@admin.register(ClassificationRule)
+class ClassificationRuleAdmin(admin.ModelAdmin):
+    """Root-cause rules. Saving one here marks it origin=admin, so that `loadrules` (a sync from
+    rules_v1.json) keeps the edit instead of the file's version of the same slug."""
+
+    list_display = ("slug", "priority", "category", "expected", "confidence", "field", "enabled",
+                    "origin", "updated_at")
+    list_filter = ("category", "field", "enabled", "origin")
+    search_fields = ("slug", "pattern", "description")
+    readonly_fields = ("origin", "updated_at")
+    actions = ["load_from_file"]
+
+    def save_model(self, request, obj, form, change):
+        obj.origin = ClassificationRule.Origin.ADMIN
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Reload the shipped rules from rules_v1.json (admin edits are kept)")
+    def load_from_file(self, request, queryset):
+        from collectors.classification.rules import sync_rules_from_file
+
+        counts = sync_rules_from_file()
+        self.message_user(request, ", ".join(f"{name}: {count}" for name, count in counts.items()))

@@ -15,6 +15,7 @@ from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone as django_tz
 
 from collectors import bulk_write
+from collectors.interruptions import record_interruptions
 from collectors.models import (
     Attempt,
     Checkpoint,
@@ -234,6 +235,8 @@ def store_batch(batch: dict[str, Any], project_id: int) -> StoreResult:
         checkpoints = _checkpoints(batch, run, attempt, rank)
         if checkpoints:
             Checkpoint.objects.bulk_create(checkpoints)
+        # After the events are written: an interruption's evidence includes this batch's XIDs.
+        record_interruptions(run, attempt, rank, host, batch["events"])
 
         changes = {}
         if run_info.get("config") and not run.config:
