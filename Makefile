@@ -31,7 +31,7 @@ $(STAMP):
 	touch $@
 
 demo: venv
-	$(BIN)/python scripts/demo.py
+	@$(BIN)/python scripts/demo.py
 
 test: venv
 	scripts/ensure_services.sh
