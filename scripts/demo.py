@@ -215,6 +215,8 @@ def run_demo(args: argparse.Namespace) -> int:
             f"  user:     {DEMO_USER}\n"
             f"  password: {password}\n"
             f"  project {DEMO_PROJECT}, run {run_name}: {args.nproc} ranks training now.\n"
+            f"  your own script: RUNWATCH_URL={base_url} RUNWATCH_TOKEN={token} "
+            f"RUNWATCH_PROJECT={DEMO_PROJECT} python train.py\n"
             f"  (server log: {SERVER_LOG.relative_to(ROOT)}; Ctrl-C stops everything)\n",
             flush=True,
         )
