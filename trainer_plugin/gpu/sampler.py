@@ -81,6 +81,7 @@ class GpuSampler:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._sensor: Sensor | None = None
+        self._unavailable = False
         self._once = OnceLogger(log)
         self.ticks = 0
         self.failed_ticks = 0
@@ -106,11 +107,12 @@ class GpuSampler:
             with self._lock:
                 if self._thread is not None:
                     return self._thread.is_alive()
-                if self._stop.is_set():
+                if self._stop.is_set() or self._unavailable:
                     return False
                 sensor = self._new_sensor()
                 why = sensor.open()
                 if why is not None:
+                    self._unavailable = True  # said once; asking again would say it again
                     log.warning("Runwatch: %s: %s", NO_GPU, why)
                     return False
                 self._sensor = sensor
