@@ -8,9 +8,11 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-# The stamp is keyed on pyproject.toml's content, so a changed dependency list reinstalls and an
-# unchanged one (a fresh checkout with new mtimes included) does not.
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+# nvml: the GPU sampler's tests run against the real NVML bindings (no driver needed).
+EXTRAS := server,broker,nvml,dev
+# The stamp is keyed on pyproject.toml's content and the extras, so a changed dependency list
+# reinstalls and an unchanged one (a fresh checkout with new mtimes included) does not.
+STAMP := $(VENV)/.installed-$(shell { cat pyproject.toml; echo $(EXTRAS); } | sha256sum | cut -c1-16)
 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/runwatch
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
@@ -26,7 +28,7 @@ $(STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is not on PATH: install Python 3.11, or run make PYTHON=/path/to/python3.11"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet 'torch==2.13.0'
-	$(BIN)/python -m pip install --quiet -e '.[server,broker,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
