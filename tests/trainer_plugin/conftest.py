@@ -20,7 +20,8 @@ from trainer_plugin.protocol import ProtocolError, validate_batch
 
 RUNWATCH_VARS = ("RUNWATCH_PROJECT", "RUNWATCH_RUN", "RUNWATCH_URL", "RUNWATCH_TOKEN",
                  "RUNWATCH_ATTEMPT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-                 "TORCHELASTIC_RESTART_COUNT")
+                 "TORCHELASTIC_RESTART_COUNT", "RUNWATCH_MODE", "RUNWATCH_SPOOL_DIR",
+                 "RUNWATCH_SPOOL_MAX_MB", "RUNWATCH_GPU_SAMPLING")
 
 
 @dataclass
@@ -129,10 +130,13 @@ def collector() -> Iterator[Collector]:
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts from an environment without Runwatch or torchrun variables."""
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Each test starts from an environment without Runwatch or torchrun variables, with its own
+    empty spool directory and without a GPU sampler (tests that want one ask for it)."""
     for name in RUNWATCH_VARS:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RUNWATCH_SPOOL_DIR", str(tmp_path / "spool"))
+    monkeypatch.setenv("RUNWATCH_GPU_SAMPLING", "0")
 
 
 @pytest.fixture

@@ -86,6 +86,9 @@ def test_unreachable_collector_never_raises_and_close_keeps_its_timeout(closed_p
     assert stats["send_errors"] >= 1
     assert stats["rows_sent"] == 0
     assert stats["steps_recorded"] == 1000
+    # Nothing lost: every row (steps, start, checkpoint, finish) waits in the spool.
+    assert stats["rows_dropped"] == 0
+    assert monitor.spool is not None and monitor.spool.rows == 1003
 
 
 def test_unresolvable_host_never_raises() -> None:
@@ -107,9 +110,13 @@ def test_full_buffer_counts_drops_and_stays_bounded(closed_port_url) -> None:
     monitor.close(timeout_s=0.5)
 
 
-def test_pending_batches_are_bounded_and_oldest_dropped(closed_port_url) -> None:
+def test_without_a_writable_spool_pending_batches_are_bounded_and_oldest_dropped(
+        closed_port_url, tmp_path) -> None:
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
     monitor = make_monitor(closed_port_url, buffer_rows=300, max_batch_rows=100,
-                           flush_interval_s=0.01)
+                           flush_interval_s=0.01, spool_dir=not_a_directory)
+    assert monitor.enabled and monitor.spool is None
     for _ in range(20):
         for _ in range(100):
             monitor.step(loss=1.0)
@@ -125,24 +132,20 @@ def test_pending_batches_are_bounded_and_oldest_dropped(closed_port_url) -> None
     assert stats["rows_sent"] == 0
 
 
-def test_hot_path_is_cheap(collector) -> None:
+def test_hot_path_keeps_tensors_unconverted_and_every_step_is_delivered(collector) -> None:
+    # Speed is measured by bench/plugin_overhead.py, not here: this checks what the hot path
+    # keeps (the tensor itself: no .item() on the training thread) and that every step arrives.
     import torch
 
     loss = torch.tensor(2.5)
-    # Sender idle (long interval, large batches): this times the training thread's own cost,
-    # not the sender's conversion work competing for the GIL.
     monitor = make_monitor(collector.url, flush_interval_s=60, max_batch_rows=50_000)
-    best_us = float("inf")
-    for _ in range(5):
-        started = time.perf_counter()
-        for _ in range(2000):
-            monitor.step(tokens=4096, loss=loss, lr=3e-4, grad_norm=1.0, a=1.0, b=2.0, c=3.0,
-                         d=4.0)
-        best_us = min(best_us, (time.perf_counter() - started) / 2000 * 1e6)
+    for _ in range(10_000):
+        monitor.step(tokens=4096, loss=loss, lr=3e-4, grad_norm=1.0)
+    assert monitor._steps[0][4]["loss"] is loss
     monitor.close()
-    # The target is well under 5 us; the bound leaves room for a loaded CI machine.
-    assert best_us < 10, best_us
-    assert collector.steps()["step"] == list(range(10_000))
+    steps = collector.steps()
+    assert steps["step"] == list(range(10_000))
+    assert set(steps["metrics.loss"]) == {2.5}
 
 
 def test_close_keeps_its_timeout_with_a_huge_buffer_and_counts_what_it_abandons(
@@ -164,4 +167,5 @@ def test_close_keeps_its_timeout_with_a_huge_buffer_and_counts_what_it_abandons(
     stats = monitor.stats
     assert stats["steps_recorded"] == 150_000
     assert stats["rows_sent"] == 0
-    assert stats["rows_dropped"] == 150_002  # every step, plus start and finish
+    # Every step, plus start and finish: on disk for later, or counted as lost at the deadline.
+    assert stats["rows_spooled"] + stats["rows_dropped"] == 150_002
