@@ -47,6 +47,8 @@ THROTTLE_BITS = {
     0x40: "HwThermalSlowdown",
     0x80: "HwPowerBrakeSlowdown",
     0x100: "DisplayClockSetting",
+    0x200: "BoardLimit",
+    0x400: "Reliability",
 }
 
 

@@ -54,7 +54,6 @@ XID_DESCRIPTIONS = {
     95: "Uncontained ECC error",
     119: "GSP RPC timeout",
     120: "GSP error",
-    999: "Unknown XID (NVML could not tell which)",
 }
 
 #: Newest name first: NVML renamed "clocks throttle reasons" to "clocks event reasons" (R535).
