@@ -51,7 +51,7 @@ def attempts_timeline_figure(goodput: RunGoodput) -> Figure:
     layout["hovermode"] = "closest"
     layout["yaxis"]["autorange"] = "reversed"
     layout["yaxis"]["title"] = {"text": ""}
-    layout["height"] = max(180, 70 + 34 * len(goodput.attempts))
+    layout["height"] = max(160, 80 + 22 * len(goodput.attempts))
     return {"data": data, "layout": layout}
 
 
@@ -74,13 +74,14 @@ def root_cause_figure(table: RootCauseTable) -> Figure:
     layout["hovermode"] = "closest"
     if max((r.count for r in rows), default=0) <= 10:
         layout["xaxis"]["dtick"] = 1  # whole interruptions, not 0.5 of one
-    layout["height"] = max(180, 70 + 28 * len(rows))
+    layout["height"] = max(160, 60 + 26 * len(rows))
     return {"data": data, "layout": layout}
 
 
 def checkpoint_figure(history: CheckpointHistory) -> Figure:
-    """Blocking time of each save (bars) and the interval since the previous one (line, right
-    axis) against wall-clock time: slow saves and irregular intervals stand out."""
+    """Two panels on one time axis: the interval since the previous save (top) and each save's
+    blocking time, with restores' load times (bottom). Slow saves and irregular intervals stand
+    out; a gap in the top line is a restart (the first save of an attempt has no interval)."""
     saves = history.saves
     x = [s.ts * 1000.0 for s in saves]
     data = [
@@ -97,16 +98,16 @@ def checkpoint_figure(history: CheckpointHistory) -> Figure:
     restores = history.restores
     if restores:
         data.append({
-            "type": "scatter", "mode": "markers", "name": "restore", "x": [r.ts * 1000.0 for r in restores],
-            "y": [r.duration_s or 0 for r in restores], "marker": {"color": "#e15759", "size": 9,
-                                                                   "symbol": "triangle-up"},
+            "type": "scatter", "mode": "markers", "name": "restore (load s)",
+            "x": [r.ts * 1000.0 for r in restores], "y": [r.duration_s or 0 for r in restores],
+            "marker": {"color": "#e15759", "size": 9, "symbol": "triangle-up"},
             "customdata": [[r.step, r.steps_lost] for r in restores],
             "hovertemplate": "restore of step %{customdata[0]}, %{customdata[1]} steps lost"
                              "<extra></extra>"})
-    layout = _layout("Checkpoint saves: blocking time and interval", "time (UTC)", "seconds",
-                     x_is_time=True)
-    layout["yaxis2"] = {**layout["yaxis"], "title": {"text": "interval (min)"}, "overlaying": "y",
-                        "side": "right", "showgrid": False}
+    layout = _layout("Checkpoints over the run", "time (UTC)", "blocking (s)", x_is_time=True)
+    layout["yaxis"].update(domain=[0, 0.46], rangemode="tozero")
+    layout["yaxis2"] = {**layout["yaxis"], "title": {"text": "interval (min)"},
+                        "domain": [0.56, 1], "anchor": "x", "rangemode": "tozero"}
     layout["hovermode"] = "closest"
-    layout["height"] = 300
+    layout["height"] = 320
     return {"data": data, "layout": layout}

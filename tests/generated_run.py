@@ -197,7 +197,9 @@ def _every(a: float, b: float, every: float) -> list[float]:
 
 
 def _ingest(token, project, name, number, ranks, steps, stamps, events, step_s, save_s) -> None:
-    for rank in range(ranks):
+    # Rank 0 last: its clean finish must be the attempt's final word, as it is in a real run
+    # (every rank starts before rank 0 finishes).
+    for rank in reversed(range(ranks)):
         skew = RANK_SKEW_S * rank
         for lo in range(0, max(len(steps), 1), ROWS_PER_BATCH):
             chunk = range(lo, min(lo + ROWS_PER_BATCH, len(steps)))
@@ -226,3 +228,48 @@ def _ingest(token, project, name, number, ranks, steps, stamps, events, step_s, 
             )
             result = ingest_batch(batch, token=token)
             assert "rejected" not in result, result
+
+
+def _crash(steps, category, text, exc_type="RuntimeError", *, downtime_s=420.0, tail_s=3.0,
+           expected=False, startup_s=240.0):
+    return PlannedAttempt(steps=steps, end="exception", startup_s=startup_s, tail_s=tail_s,
+                          downtime_s=downtime_s, text=text, exc_type=exc_type,
+                          category=category, expected=expected)
+
+
+# About a day of a large job: 12 s steps, a 35 s save every 100 steps, ten interruptions of the
+# kinds the Llama 3 report lists (GPU and HBM faults first), one hang and one silent kill.
+REALISTIC_PLAN = (
+    _crash(730, Category.GPU_HARDWARE, "CUDA error: an illegal memory access was encountered"),
+    _crash(410, Category.GPU_MEMORY, "CUDA error: uncorrectable ECC error encountered"),
+    PlannedAttempt(steps=520, end="hang", startup_s=260.0, hang_s=1800.0, downtime_s=300.0,
+                   category=Category.NCCL_TIMEOUT),
+    _crash(350, Category.GPU_HARDWARE, "CUDA error: unspecified launch failure"),
+    _crash(640, Category.NETWORK, "NCCL WARN NET/IB : Got completion with error 12, opcode 0",
+           exc_type="torch.distributed.DistBackendError"),
+    PlannedAttempt(steps=280, end="kill", startup_s=230.0, tail_s=1.0, downtime_s=900.0,
+                   category=Category.HOST),
+    _crash(470, Category.PLANNED, "Received SIGTERM: preemption notice", exc_type="SystemExit",
+           expected=True, downtime_s=1200.0),
+    _crash(590, Category.GPU_MEMORY, "CUDA error: uncorrectable ECC error encountered"),
+    _crash(300, Category.STORAGE, "OSError: [Errno 5] Input/output error: '/ckpt/step4200'",
+           exc_type="OSError"),
+    _crash(510, Category.SOFTWARE_BUG, "AttributeError: 'NoneType' object has no attribute "
+           "'grad'", exc_type="AttributeError", downtime_s=2400.0),
+    PlannedAttempt(steps=800, end="finish", startup_s=250.0),
+)
+REALISTIC_STEP_S = 12.0
+REALISTIC_SAVE_EVERY = 100
+REALISTIC_SAVE_S = 35.0
+
+
+def realistic_generated_run(token: str, *, project: str = "llm", name: str = "llama-70b-pretrain",
+                            ends_at: float) -> GeneratedRun:
+    """REALISTIC_PLAN ending about ``ends_at`` (Unix seconds)."""
+    probe_wall = sum(p.startup_s + p.steps * REALISTIC_STEP_S + p.hang_s + p.downtime_s
+                     + p.tail_s + p.steps / REALISTIC_SAVE_EVERY * REALISTIC_SAVE_S
+                     for p in REALISTIC_PLAN)
+    return generate_run(token, project=project, name=name, start=ends_at - probe_wall,
+                        plan=REALISTIC_PLAN, step_s=REALISTIC_STEP_S,
+                        save_every=REALISTIC_SAVE_EVERY, save_s=REALISTIC_SAVE_S,
+                        save_bytes=140 * 2**30, ranks=2)
