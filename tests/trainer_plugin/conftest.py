@@ -41,6 +41,8 @@ class Collector:
     # (status, headers, body) answers to give, in order; 202 once they run out.
     script: deque = field(default_factory=deque)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # While True, every request gets a 503: the collector is away.
+    down: bool = False
 
     def answer(self, status: int, headers: dict[str, str] | None = None,
                error: str | None = None, times: int = 1) -> None:
@@ -98,6 +100,8 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
             with collector.lock:
                 status, extra, reply = (collector.script.popleft() if collector.script
                                         else (202, {}, b"{}"))
+                if collector.down:
+                    status, extra, reply = 503, {}, b'{"error": "down for the test"}'
                 if error is not None:
                     status, extra, reply = 400, {}, json.dumps({"error": error}).encode()
                 collector.received.append(Received(self.path, headers, batch, status,
