@@ -22,15 +22,16 @@ def _epoch(ts: datetime | None) -> float | None:
 
 
 # Per attempt, its first and last step rows (any rank: ranks step in lockstep, so the earliest
-# and the latest row bound the attempt's training). Reading from the attempt's start forwards and
-# from the next attempt's start backwards keeps each LATERAL to a few index entries.
+# and the latest row bound the attempt's training). The first row is read forwards from just
+# before the attempt's start (10 minutes of slack for a rank whose clock runs behind), so the
+# index walk does not cross earlier attempts' rows.
 _SPANS_SQL = """
 SELECT a.number, a.started_at, a.ended_at, f.ts, f.step, l.ts, l.step
 FROM {attempt} a
 LEFT JOIN LATERAL (
     SELECT ts, step FROM {step}
     WHERE run_id = a.run_id AND attempt_id = a.id
-      AND ts >= coalesce(a.started_at, '-infinity'::timestamptz)
+      AND ts >= coalesce(a.started_at - interval '10 minutes', '-infinity'::timestamptz)
     ORDER BY ts, step LIMIT 1) f ON true
 LEFT JOIN LATERAL (
     SELECT ts, step FROM {step}
@@ -55,15 +56,21 @@ def attempt_spans(run: Run) -> list[AttemptSpan]:
 
 
 # One save (or load) is reported by every rank that took part: it is merged into one fact with
-# the slowest rank's blocking time (the job waits for it), the shards' bytes summed, and the
-# first rank's time. Reports without a step cannot be matched across ranks; rank 0's are kept.
+# the slowest rank's blocking time (the job waits for it) and the first rank's time. Sizes are
+# per path: ranks naming the same path measured the same checkpoint (a shared directory, as the
+# Hugging Face integration reports) and count once; ranks naming their own shard files add up.
+# Reports without a step cannot be matched across ranks; rank 0's are kept.
 _CHECKPOINTS_SQL = """
-SELECT a.number, c.kind, c.step, min(c.ts), max(c.duration_s), sum(c.bytes), count(*),
-       min(c.path)
-FROM {checkpoint} c JOIN {attempt} a ON a.id = c.attempt_id
-WHERE c.run_id = %(run)s AND (c.step IS NOT NULL OR c.rank = 0)
-GROUP BY a.number, c.kind, c.step, CASE WHEN c.step IS NULL THEN c.id END
-ORDER BY min(c.ts)
+SELECT number, kind, step, min(ts), max(duration_s), sum(path_bytes)
+FROM (
+    SELECT a.number, c.kind, c.step, c.path, min(c.ts) AS ts, max(c.duration_s) AS duration_s,
+           max(c.bytes) AS path_bytes, CASE WHEN c.step IS NULL THEN min(c.id) END AS alone
+    FROM {checkpoint} c JOIN {attempt} a ON a.id = c.attempt_id
+    WHERE c.run_id = %(run)s AND (c.step IS NOT NULL OR c.rank = 0)
+    GROUP BY a.number, c.kind, c.step, c.path, CASE WHEN c.step IS NULL THEN c.id END
+) per_path
+GROUP BY number, kind, step, alone
+ORDER BY min(ts)
 """
 
 
@@ -76,7 +83,7 @@ def checkpoint_facts(run: Run) -> list[CheckpointFact]:
     return [
         CheckpointFact(attempt=number, kind=kind, step=step, ts=ts.timestamp(),
                        duration_s=duration, bytes=int(size) if size is not None else None)
-        for number, kind, step, ts, duration, size, _ranks, _path in rows
+        for number, kind, step, ts, duration, size in rows
     ]
 
 

@@ -211,6 +211,8 @@ def _ingest(token, project, name, number, ranks, steps, stamps, events, step_s, 
                     if event["kind"] == "heartbeat" and rank != 0:
                         continue
                     copy = dict(event)
+                    if copy["kind"] in ("checkpoint_save", "checkpoint_load"):
+                        copy["path"] = f"{copy['path']}/rank{rank}.pt"  # each rank its shard
                     if copy["kind"] == "checkpoint_save" and rank:
                         copy["duration_s"] = save_s - 0.5  # rank 0 is the slowest writer
                     rank_events.append(copy)

@@ -4,7 +4,8 @@ with the steps and wall time it cost. Pure: merged checkpoint facts and the run'
 - **interval**: wall-clock time and steps since the previous save of the same attempt (the first
   save of an attempt has none: the time before it is a restart, not a checkpoint interval);
 - **blocking**: the save's duration as reported, the slowest rank's (training waits for it);
-- **size**: the bytes the ranks reported, summed (each rank writes its shard);
+- **size**: the bytes reported, summed over the ranks' shard paths (ranks naming one shared
+  path count once: see collectors.reliability);
 - per **restore** (a load at an attempt's start): the step restored, the steps lost (the previous
   attempt's last step − the restored step) and the wall time lost, which is the previous attempt's
   lost progress as collectors.analysis.goodput defines it (steps redone, and the partial step

@@ -59,3 +59,24 @@ def test_generated_run_checkpoints_match_the_plan(token):
         (t["step"], t["steps_lost"]) for t in truth.restores]
     for restore, planted in zip(history.restores, truth.restores, strict=True):
         assert restore.lost_s == pytest.approx(planted["lost_s"], abs=0.02)
+
+
+def test_ranks_reporting_one_shared_path_count_its_size_once(db):
+    from django.utils import timezone
+
+    from collectors.models import Attempt, Checkpoint, Project, Run
+
+    run = Run.objects.create(project=Project.objects.create(slug="p"), name="r")
+    attempt = Attempt.objects.create(run=run, number=0)
+    now = timezone.now()
+    for rank in range(4):  # a shared directory, as the Hugging Face integration reports it
+        Checkpoint.objects.create(run=run, attempt=attempt, rank=rank, kind="save", step=100,
+                                  ts=now, duration_s=10.0 + rank, bytes=8000,
+                                  path="/out/checkpoint-100")
+    for rank in range(2):  # a shard per rank
+        Checkpoint.objects.create(run=run, attempt=attempt, rank=rank, kind="save", step=200,
+                                  ts=now, duration_s=5.0, bytes=3000,
+                                  path=f"/out/step200/rank{rank}.pt")
+    facts = reliability.checkpoint_facts(run)
+    assert [(f.step, f.bytes, f.duration_s) for f in facts] == [(100, 8000, 13.0),
+                                                                (200, 6000, 5.0)]
