@@ -153,10 +153,17 @@ def active_rules() -> list[Rule]:
 
     A row whose pattern no longer compiles (edited outside the admin form) is skipped with a
     warning rather than taking the whole classifier down."""
+    from django.db import IntegrityError
+
     from collectors.models import ClassificationRule
 
     if not ClassificationRule.objects.exists():
-        sync_rules_from_file()
+        try:
+            sync_rules_from_file()
+        except IntegrityError:
+            # Another worker loaded them at the same moment; its rows are what we read below. The
+            # sync runs in its own savepoint, so the caller's transaction is still usable.
+            log.info("classification rules were loaded concurrently by another worker")
     rules = []
     for row in ClassificationRule.objects.filter(enabled=True):
         try:

@@ -117,3 +117,17 @@ def test_reclassify_after_a_rule_change_keeps_the_engineers_label(django_user_mo
     assert interruption.evidence["matched"].endswith("XYZZY-42")
     assert interruption.effective_category == "storage"
     assert interruption.labelled_by == engineer
+
+
+def test_first_use_tolerates_a_concurrent_load(monkeypatch):
+    from django.db import IntegrityError
+
+    from collectors.classification import rules
+
+    def racing_sync(path=rules.RULES_FILE):
+        rules.sync_rules_from_file.__wrapped__(path)  # the other worker's load, committed first
+        raise IntegrityError("duplicate key value violates unique constraint")
+
+    racing_sync.__wrapped__ = rules.sync_rules_from_file
+    monkeypatch.setattr(rules, "sync_rules_from_file", racing_sync)
+    assert classify(OOM).category == "gpu_oom"
