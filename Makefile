@@ -51,3 +51,25 @@ lint: venv
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache .ruff_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
+
+# Per-step cost of Runwatch against wandb (offline), MLflow (file store) and TensorBoard; see
+# bench/README.md. The peers live in their own venv so the product's dependencies stay lean, and
+# torch is installed first and pinned so no peer can make pip pull another build.
+#   make bench-plugin BENCH_ARGS="--rounds 3 --json bench.json"
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed-$(shell cat pyproject.toml bench/requirements-peers.txt | sha256sum | cut -c1-16)
+BENCH_ARGS ?=
+
+.PHONY: bench-plugin
+
+$(BENCH_STAMP):
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is not on PATH: install Python 3.11, or run make PYTHON=/path/to/python3.11"; exit 1; }
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet 'torch==2.13.0'
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.'
+	$(BENCH_VENV)/bin/python -m pip install --quiet -r bench/requirements-peers.txt
+	rm -f $(BENCH_VENV)/.installed-*
+	touch $@
+
+bench-plugin: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python bench/plugin_overhead.py $(BENCH_ARGS)
