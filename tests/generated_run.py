@@ -254,9 +254,9 @@ REALISTIC_PLAN = (
     _crash(470, Category.PLANNED, "Received SIGTERM: preemption notice", exc_type="SystemExit",
            expected=True, downtime_s=1200.0),
     _crash(590, Category.GPU_MEMORY, "CUDA error: uncorrectable ECC error encountered"),
-    _crash(300, Category.STORAGE, "OSError: [Errno 5] Input/output error: '/ckpt/step4200'",
+    _crash(300, Category.STORAGE, "[Errno 5] Input/output error: '/ckpt/step4200'",
            exc_type="OSError"),
-    _crash(510, Category.SOFTWARE_BUG, "AttributeError: 'NoneType' object has no attribute "
+    _crash(510, Category.SOFTWARE_BUG, "'NoneType' object has no attribute "
            "'grad'", exc_type="AttributeError", downtime_s=2400.0),
     PlannedAttempt(steps=800, end="finish", startup_s=250.0),
 )

@@ -124,7 +124,7 @@ def _interruption_row(interruption: Interruption, cost_s: float | None, counted:
         "classified_expected": interruption.expected,
         "confidence": f"{interruption.confidence:.2f}",
         "rule": interruption.rule,
-        "matched": str(evidence.get("matched") or ""),
+        "matched": str(evidence.get("matched") or "")[:120],
         "text_head": text.strip().splitlines()[0][:200] if text.strip() else "",
         "text": text[:4000],
         "evidence": _evidence_summary(interruption),
