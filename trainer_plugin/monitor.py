@@ -539,15 +539,19 @@ class Monitor:
         event = self._queue_event("interruption", fields)
         if self._sender.flush(SIGNAL_FLUSH_S):
             return
-        # The sender is stuck (a send blocking on a dead collector): write the event ourselves,
-        # if it is still ours to write (not yet taken into a batch).
+        # The sender is stuck (a send blocking on a dead collector): write the event ourselves if
+        # it is still ours to write, and copies of the batches waiting in memory (ids kept, so a
+        # copy of one that does get through is stored once).
         spool = self.spool
-        if spool is None or event is None:
+        if spool is None:
+            return
+        self._sender.spool_copies()
+        if event is None:
             return
         try:
             self._events.remove(event)
         except ValueError:
-            return
+            return  # taken into a batch: written above, or on its way
         spool.write(make_batch(run=self._sender._run, source=self._sender._source,
                                events=[Sender._event_fields(event)]))
 

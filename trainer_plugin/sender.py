@@ -440,12 +440,39 @@ class Sender:
             requests, self._flush_requests = self._flush_requests, []
         deadline = max(when for _done, when in requests)
         self._batch_up(full_only=False)
+        # Durable first (the process may be about to die), then delivered if the collector is
+        # there: the spool is sent oldest first, so order is kept.
+        self._spill_all("flush")
         if time.monotonic() >= self._next_attempt_at:
             self._send_pending(deadline=deadline)
-        # What is still in memory now goes where a dying process cannot lose it.
-        self._spill_all("flush")
         for done, _when in requests:
             done.set()
+
+    def spool_copies(self) -> int:
+        """From another thread whose process is about to end while this thread is stuck (a send
+        hanging on a dead collector): writes a copy of every converted batch still in memory to
+        the spool, whole, ids kept, so a copy of a batch that does get through is stored once.
+        Returns how many were written."""
+        spool = self._spool
+        if spool is None:
+            return 0
+        for _ in range(3):
+            try:
+                items = list(self._pending)
+                break
+            except RuntimeError:  # changed while copying; try again
+                continue
+        else:
+            return 0
+        written = 0
+        for item in items:
+            if item.spool_name is not None:
+                continue  # already on disk
+            # From now on this batch keeps its id wherever it goes: never split, never re-made.
+            item.attempts = max(item.attempts, 1)
+            if spool.write(item.batch, created_ns=item.created_ns, part=9) is not None:
+                written += 1
+        return written
 
     def _answer_flushes(self, force: bool) -> None:
         with self._flush_lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,8 @@ if mode == "own-term":
         os.write(1, b"own handler ran\n")  # print() is not safe in a signal handler
         sys.exit(7)
     signal.signal(signal.SIGTERM, own)
-monitor = Monitor(flush_interval_s=30, heartbeat_interval_s=0)
+monitor = Monitor(flush_interval_s=float(os.environ.get("CHILD_FLUSH_S", "30")),
+                  heartbeat_interval_s=0)
 for step in range(3):
     monitor.step(step, loss=1.0)
 if mode == "thread-exception":
@@ -56,8 +58,9 @@ def child_env(url: str | None) -> dict[str, str]:
     return env
 
 
-def run_child(mode: str, url: str | None, send: list[signal.Signals]) -> subprocess.CompletedProcess:
-    process = subprocess.Popen([sys.executable, "-c", CHILD, mode], env=child_env(url),
+def run_child(mode: str, url: str | None, send: list[signal.Signals],
+              **extra_env: str) -> subprocess.CompletedProcess:
+    process = subprocess.Popen([sys.executable, "-c", CHILD, mode], env=child_env(url) | extra_env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         if send:
@@ -142,3 +145,24 @@ def test_an_exception_in_another_thread_is_sent_with_the_thread_name(collector) 
     assert event["message"] == "shard 17 is truncated"
     assert event["thread"] == "loader-3"
     assert "in load" in event["traceback"] and "ValueError: shard 17" in event["traceback"]
+
+
+def test_a_signal_while_the_collector_hangs_leaves_the_interruption_on_disk(collector) -> None:
+    # A collector that accepts connections and never answers: the sender hangs in a send.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        result = run_child("plain", url, [signal.SIGTERM], CHILD_FLUSH_S="0.05")
+    assert result.returncode == -signal.SIGTERM, result.stderr
+
+    spool = Path(os.environ["RUNWATCH_SPOOL_DIR"])
+    sync = subprocess.run([sys.executable, "-m", "trainer_plugin", "sync", str(spool), "--url",
+                           collector.url], env=child_env(None), capture_output=True, text=True,
+                          timeout=120)
+    assert sync.returncode == 0, sync.stderr
+    # Copies of a batch keep its id; the collectors store an id once, so count ids once.
+    unique = {batch["batch_id"]: batch for batch in collector.accepted}.values()
+    events = [event for batch in unique for event in batch["events"]]
+    assert [event["signal"] for event in events if event["kind"] == "interruption"] == ["SIGTERM"]
+    assert sorted(step for batch in unique for step in batch["steps"]["step"]) == [0, 1, 2]
