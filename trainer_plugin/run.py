@@ -16,7 +16,9 @@ finish.
 
 The event goes out in a batch of its own rather than through a Monitor, because a Monitor would
 also record a ``start`` and a ``finish`` for the launcher, and the collectors would count a restart
-that never happened. Nothing Runwatch does can change the exit code or hide the command's output.
+that never happened. A report that cannot be delivered waits in the rank's spool directory, where
+the next start of the run finds and sends it. Nothing Runwatch does can change the exit code or hide
+the command's output.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 from trainer_plugin import environment
 from trainer_plugin.protocol import ProtocolError, make_batch, validate_batch
+from trainer_plugin.spool import Spool, default_root, directory_for
 from trainer_plugin.transports import PermanentSendError, TransientSendError, transport_for
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
@@ -276,6 +279,7 @@ def send_report(event: dict[str, Any], env: environment.Environment, run_name: s
             except TransientSendError as error:
                 if attempt == SEND_ATTEMPTS:
                     _say(f"could not report the failure to Runwatch at {env.url}: {error}")
+                    _spool(batch, env, run_name)
                     return False
                 time.sleep(min(error.retry_after or delay, 10.0))
                 delay *= 2
@@ -290,6 +294,17 @@ def send_report(event: dict[str, Any], env: environment.Environment, run_name: s
         except Exception:
             pass
     return False
+
+
+def _spool(batch: dict[str, Any], env: environment.Environment, run_name: str) -> None:
+    """Keeps an undelivered report in this rank's spool directory, which the next Monitor of the
+    same run and rank (a restart, a requeued job) sends before anything else."""
+    try:
+        spool = Spool(directory_for(default_root(), env.project or "", run_name, env.rank))
+        if spool.write(batch):
+            _say(f"the report waits in {spool.directory}; the next start of this run sends it")
+    except Exception as error:
+        _say(f"could not keep the report in the spool either: {type(error).__name__}: {error}")
 
 
 # --- running the command ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer_plugin import Monitor
 from trainer_plugin.run import StderrTail, default_run_name, parse_child_failed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,6 +244,21 @@ def test_an_unreachable_collector_changes_neither_exit_code_nor_output(closed_po
     lines = done.stderr.splitlines()
     assert lines[0] == "err"
     assert lines[1].startswith("runwatch-run: could not report the failure to Runwatch")
+
+
+def test_an_undelivered_report_is_sent_by_the_next_start_of_the_run(closed_port_url, collector):
+    done = launch(closed_port_url, python("import sys; sys.exit(5)"))
+    assert done.returncode == 5
+    assert "the report waits in" in done.stderr
+
+    # The requeued job's Monitor (same run, same rank) finds the report in the spool and sends it.
+    monitor = Monitor(project="llm", run="launched", url=collector.url, flush_interval_s=0.1)
+    assert monitor.close()
+
+    interruptions = [e for e in collector.events() if e["kind"] == "interruption"]
+    assert len(interruptions) == 1
+    assert interruptions[0]["source"] == "launcher"
+    assert interruptions[0]["exit_code"] == 5
 
 
 def test_a_refused_report_changes_nothing_and_says_why(collector):
