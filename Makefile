@@ -49,7 +49,7 @@ lint: venv
 
 # Keeps var/ (the embedded mode's database and spool): that is data, not build output.
 clean:
-	rm -rf $(VENV) staticfiles .pytest_cache .ruff_cache build dist *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) staticfiles .pytest_cache .ruff_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
 
 # Per-step cost of Runwatch against wandb (offline), MLflow (file store) and TensorBoard; see
