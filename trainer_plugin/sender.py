@@ -39,6 +39,9 @@ _isfinite = math.isfinite
 #: them; nothing is converted on the hot path.
 StepRow = tuple[Any, float, Any, Any, dict[str, Any]]
 
+#: While the collector is away, rows are batched (and so written to the spool) at least this often.
+SPILL_EVERY_S = 10.0
+
 #: Batch size while closing: small enough (~10 ms to convert) that the close deadline is kept.
 CLOSING_BATCH_ROWS = 2000
 
@@ -315,6 +318,7 @@ class Sender:
         self._flush_lock = threading.Lock()
         self._flush_requests: list[tuple[threading.Event, float]] = []
         self._last_ns = 0
+        self._last_batched = time.monotonic()
         self._thread = threading.Thread(target=self._main, name="runwatch-sender", daemon=True)
 
         self.steps_drained = 0
@@ -430,9 +434,14 @@ class Sender:
         if self._flush_requests:
             self._flush_now()
             return
-        # While backing off, rows stay in the buffer until they fill a whole batch: an outage then
-        # writes full batches to the spool, not one tiny file per flush interval.
-        self._batch_up(full_only=self._backing_off())
+        # While backing off, rows stay in the buffer until they fill a whole batch or have waited
+        # SPILL_EVERY_S: an outage writes a file every few seconds, not every flush interval,
+        # and a process killed during it loses at most those seconds of rows.
+        now = time.monotonic()
+        full_only = self._backing_off() and now - self._last_batched < SPILL_EVERY_S
+        if not full_only:
+            self._last_batched = now
+        self._batch_up(full_only=full_only)
         self._send_pending(deadline=math.inf)
 
     def _flush_now(self) -> None:
@@ -441,8 +450,9 @@ class Sender:
         deadline = max(when for _done, when in requests)
         self._batch_up(full_only=False)
         # Durable first (the process may be about to die), then delivered if the collector is
-        # there: the spool is sent oldest first, so order is kept.
-        self._spill_all("flush")
+        # there: the spool is sent oldest first, so order is kept. Whole batches: as few requests
+        # as possible in the little time a signal handler waits.
+        self._spill_all("flush", split=False)
         if time.monotonic() >= self._next_attempt_at:
             self._send_pending(deadline=deadline)
         for done, _when in requests:
@@ -571,15 +581,15 @@ class Sender:
         while self._pending_rows > self._max_pending_rows and len(self._pending) > 1:
             self._drop(self._pending.popleft(), "too much undelivered data")
 
-    def _spill_all(self, why: str) -> None:
+    def _spill_all(self, why: str, split: bool = True) -> None:
         if self._spool is None:
             return  # no disk: batches wait in memory, bounded by max_pending_rows
         while self._pending:
             item = self._pending.popleft()
             self._pending_rows -= item.rows
-            self._spill(item, why)
+            self._spill(item, why, split)
 
-    def _spill(self, item: PendingBatch, why: str) -> None:
+    def _spill(self, item: PendingBatch, why: str, split: bool = True) -> None:
         """Writes a batch to the spool (the caller has taken it off the pending list)."""
         spool = self._spool
         if spool is None:
@@ -589,7 +599,7 @@ class Sender:
         try:
             # A batch never sent may be split, so that its rows can be dropped for space without
             # its events; one that was sent keeps its id, which the collector may have stored.
-            parts = split_events(item.batch) if item.attempts == 0 else [item.batch]
+            parts = split_events(item.batch) if split and item.attempts == 0 else [item.batch]
             for part, batch in enumerate(parts):
                 if spool.write(batch, created_ns=item.created_ns, part=part) is None:
                     self.batches_dropped += 1

@@ -22,7 +22,7 @@ from tests.e2e.conftest import ROOT, WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-STEPS = 120
+STEPS = 300
 
 
 def free_port() -> int:
@@ -90,6 +90,20 @@ def stored(run_name: str) -> int:
     return StepMetric.objects.filter(run__name=run_name).count()
 
 
+def supervised(worker: WorkerProcess, condition):
+    """``condition``, restarting the worker if it has exited meanwhile, as the production compose
+    file's `restart: unless-stopped` does. (Celery 5.7's worker can die of an AttributeError while
+    closing its connection to a broker that vanished, cf. celery/kombu#582; that is the
+    collectors' side, and what it costs them is a restart, not data: the batches it had reserved
+    are redelivered after the visibility timeout and stored once.)"""
+    def check():
+        if worker.process is not None and worker.process.poll() is not None:
+            worker.restarts = getattr(worker, "restarts", 0) + 1
+            worker.start()
+        return condition()
+    return check
+
+
 @pytest.mark.timeout(900)
 def test_broker_dies_mid_run_and_every_step_and_event_arrives_exactly_once(
         own_broker, own_worker, token, tmp_path) -> None:
@@ -112,7 +126,9 @@ def test_broker_dies_mid_run_and_every_step_and_event_arrives_exactly_once(
             killed_at = stored(run_name)
             time.sleep(5)
             own_broker.start()  # same port, same append-only file
-            assert training.wait(timeout=600) == 0, log_path.read_text()[-3000:]
+            wait_for(supervised(own_worker, lambda: training.poll() is not None), timeout=600,
+                     what="training to finish")
+            assert training.returncode == 0, log_path.read_text()[-3000:]
         finally:
             if training.poll() is None:
                 training.kill()
@@ -122,8 +138,8 @@ def test_broker_dies_mid_run_and_every_step_and_event_arrives_exactly_once(
     assert "Runwatch: cannot deliver metrics" in output, output[-3000:]
     assert killed_at < 2 * STEPS  # the broker died with training still to do
 
-    wait_for(lambda: stored(run_name) >= 2 * STEPS
-             and Event.objects.filter(run__name=run_name, kind="finish").count() == 2,
+    wait_for(supervised(own_worker, lambda: stored(run_name) >= 2 * STEPS
+                        and Event.objects.filter(run__name=run_name, kind="finish").count() == 2),
              timeout=240, what=f"{2 * STEPS} steps and both finishes")
     time.sleep(12)  # past the visibility timeout: a late redelivery would show up as a duplicate
     run = Run.objects.get(name=run_name)
@@ -143,3 +159,8 @@ def test_broker_dies_mid_run_and_every_step_and_event_arrives_exactly_once(
     spool = tmp_path / ".cache" / "runwatch" / "spool" / "demo" / run_name
     assert not list(spool.rglob("*.json.gz"))
     assert run.status == Run.Status.FINISHED
+    print(f"outage: broker killed with {killed_at} step rows stored; stored in the end "
+          f"{StepMetric.objects.filter(run=run).count()} step rows in "
+          f"{IngestedBatch.objects.filter(run=run).count()} batches, "
+          f"{batches['events']} events ({len(heartbeats)} heartbeats); "
+          f"worker restarts: {getattr(own_worker, 'restarts', 0)}")
