@@ -40,6 +40,12 @@ def run_child(mode: str, run_name: str, url: str, token: str, tmp_path,
         if process.poll() is None:
             process.kill()
             process.wait()
+    # A signal handler waits at most 2 s for the collector; what a slow one did not take in time
+    # is in the spool, which the next process of the run (here: `runwatch sync`) sends.
+    sync = subprocess.run([sys.executable, "-m", "trainer_plugin", "sync", str(tmp_path / ".cache"),
+                           "--url", url, "--token", token], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert sync.returncode == 0, sync.stderr
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
