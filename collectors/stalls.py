@@ -21,6 +21,7 @@ sign of life, not the tick that noticed it, so the result does not depend on whe
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -116,6 +117,8 @@ def _newest_heartbeat(run_id: int, attempt_id: int) -> datetime | None:
 
 
 def _median_step_s(run_id: int, attempt_id: int) -> float | None:
+    if connection.vendor != "postgresql":
+        return _median_step_s_portable(run_id, attempt_id)
     sql = (
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d.duration_s) FROM ("
         f"SELECT duration_s FROM {StepMetric._meta.db_table} WHERE run_id = %s AND attempt_id = %s"
@@ -125,6 +128,16 @@ def _median_step_s(run_id: int, attempt_id: int) -> float | None:
         cursor.execute(sql, [run_id, attempt_id])
         row = cursor.fetchone()
     return float(row[0]) if row and row[0] is not None else None
+
+
+def _median_step_s_portable(run_id: int, attempt_id: int) -> float | None:
+    """The same median for databases without percentile_cont (the embedded mode's SQLite):
+    statistics.median interpolates between the middle two as percentile_cont(0.5) does."""
+    durations = list(
+        StepMetric.objects.filter(run_id=run_id, attempt_id=attempt_id, duration_s__isnull=False)
+        .order_by("-ts").values_list("duration_s", flat=True)[:MEDIAN_WINDOW_ROWS]
+    )
+    return float(statistics.median(durations)) if durations else None
 
 
 def _epoch(ts: datetime | None) -> float | None:
