@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Count, Max, QuerySet, Sum
 
 from collectors.analysis.throughput import RECENT_WINDOW_S, WindowAggregate
 from collectors.models import Attempt, Run, StepMetric
@@ -62,6 +62,9 @@ def run_overviews(
     by_id = runs.select_related("project").in_bulk()
     if not by_id:
         return []
+    if connection.vendor != "postgresql":
+        rows = _overview_rows_portable(list(by_id.values()), timedelta(seconds=window_s))
+        return [_overview(by_id[row[0]], *row[1:]) for row in rows]
     sql = _OVERVIEW_SQL.format(
         run=Run._meta.db_table, attempt=Attempt._meta.db_table, step=StepMetric._meta.db_table
     )
@@ -69,29 +72,56 @@ def run_overviews(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    overviews = []
-    for (run_id, attempts, first_ts, last_ts, latest_loss, step_rows, ranks, tokens, max_step,
-         span_s) in rows:
-        run = by_id[run_id]
-        window = None
-        if last_ts is not None:
-            window = WindowAggregate(
-                span_s=float(span_s), step_rows=step_rows, ranks=ranks, tokens=tokens
-            )
-        overviews.append(
-            RunOverview(
-                run=run,
-                attempts=attempts,
-                # Step rows are the truth; the denormalised column covers runs whose rows
-                # were pruned.
-                last_step=max_step if max_step is not None else run.last_step,
-                last_seen_at=run.last_seen_at or last_ts,
-                first_step_at=first_ts,
-                latest_loss=latest_loss,
-                window=window,
-            )
+    return [_overview(by_id[row[0]], *row[1:]) for row in rows]
+
+
+def _overview(run: Run, attempts: int, first_ts: datetime | None, last_ts: datetime | None,
+              latest_loss: float | None, step_rows: int, ranks: int, tokens: int | None,
+              max_step: int | None, span_s: float | None) -> RunOverview:
+    window = None
+    if last_ts is not None:
+        window = WindowAggregate(
+            span_s=float(span_s), step_rows=step_rows, ranks=ranks, tokens=tokens
         )
-    return overviews
+    return RunOverview(
+        run=run,
+        attempts=attempts,
+        # Step rows are the truth; the denormalised column covers runs whose rows were pruned.
+        last_step=max_step if max_step is not None else run.last_step,
+        last_seen_at=run.last_seen_at or last_ts,
+        first_step_at=first_ts,
+        latest_loss=latest_loss,
+        window=window,
+    )
+
+
+def _overview_rows_portable(runs: list[Run], window: timedelta) -> list[tuple]:
+    """The rows of _OVERVIEW_SQL, in its order, for databases without LATERAL (the embedded
+    mode's SQLite): a few ORM queries per run, each walking the same (run, ts) index."""
+    rows = []
+    for run in runs:
+        steps = StepMetric.objects.filter(run=run)
+        first_ts = steps.order_by("ts").values_list("ts", flat=True).first()
+        last_ts = steps.order_by("-ts").values_list("ts", flat=True).first()
+        latest_loss = (steps.filter(loss__isnull=False).order_by("-ts")
+                       .values_list("loss", flat=True).first())
+        aggregate = {"step_rows": 0, "ranks": 0, "tokens": None, "max_step": None}
+        span_s = None
+        if last_ts is not None:
+            since = max(first_ts, last_ts - window)
+            aggregate = steps.filter(ts__gt=since, ts__lte=last_ts).aggregate(
+                step_rows=Count("id"), ranks=Count("rank", distinct=True), tokens=Sum("tokens"),
+                max_step=Max("step"))
+            span_s = (last_ts - since).total_seconds()
+        rows.append((
+            run.pk, Attempt.objects.filter(run=run).count(), first_ts, last_ts, latest_loss,
+            aggregate["step_rows"], aggregate["ranks"], aggregate["tokens"], aggregate["max_step"],
+            span_s,
+        ))
+    # ORDER BY coalesce(last_seen_at, last step row, created_at) DESC, id DESC
+    seen = {run.pk: (run.last_seen_at or row[3] or run.created_at, run.pk)
+            for run, row in zip(runs, rows, strict=True)}
+    return sorted(rows, key=lambda row: seen[row[0]], reverse=True)
 
 
 def run_overview(run: Run, window_s: float = RECENT_WINDOW_S) -> RunOverview:
