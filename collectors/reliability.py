@@ -8,9 +8,10 @@ index from one end and stops at the first row that matches."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection
+from django.utils.dateparse import parse_datetime
 
 from collectors.analysis import goodput
 from collectors.analysis.goodput import AttemptSpan, CheckpointFact, InterruptionFact
@@ -43,16 +44,44 @@ ORDER BY a.number
 
 
 def attempt_spans(run: Run) -> list[AttemptSpan]:
-    sql = _SPANS_SQL.format(attempt=Attempt._meta.db_table, step=StepMetric._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"run": run.pk})
-        rows = cursor.fetchall()
+    if connection.vendor == "postgresql":
+        sql = _SPANS_SQL.format(attempt=Attempt._meta.db_table, step=StepMetric._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, {"run": run.pk})
+            rows = cursor.fetchall()
+    else:
+        rows = _span_rows_portable(run)
     return [
         AttemptSpan(number=number, started_at=_epoch(started), ended_at=_epoch(ended),
                     first_step_at=_epoch(first_ts), first_step=first_step,
                     last_step_at=_epoch(last_ts), last_step=last_step)
         for number, started, ended, first_ts, first_step, last_ts, last_step in rows
     ]
+
+
+def _span_rows_portable(run: Run) -> list[tuple]:
+    """The rows of _SPANS_SQL for databases without LATERAL (the embedded mode's SQLite): two
+    ORM lookups per attempt along the same index, with the same 10 minutes of slack."""
+    rows = []
+    for attempt in Attempt.objects.filter(run=run).order_by("number"):
+        steps = StepMetric.objects.filter(run=run, attempt=attempt)
+        forwards = steps
+        if attempt.started_at is not None:
+            forwards = steps.filter(ts__gte=attempt.started_at - timedelta(minutes=10))
+        first = forwards.order_by("ts", "step").values_list("ts", "step").first() or (None, None)
+        last = steps.order_by("-ts", "-step").values_list("ts", "step").first() or (None, None)
+        rows.append((attempt.number, attempt.started_at, attempt.ended_at, *first, *last))
+    return rows
+
+
+def _as_datetime(ts: datetime | str) -> datetime:
+    """A timestamp from a raw cursor: SQLite's returns the stored text (UTC, no offset)."""
+    if isinstance(ts, datetime):
+        return ts
+    parsed = parse_datetime(ts)
+    if parsed is None:
+        raise ValueError(f"not a timestamp: {ts!r}")
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 # One save (or load) is reported by every rank that took part: it is merged into one fact with
@@ -81,7 +110,7 @@ def checkpoint_facts(run: Run) -> list[CheckpointFact]:
         cursor.execute(sql, {"run": run.pk})
         rows = cursor.fetchall()
     return [
-        CheckpointFact(attempt=number, kind=kind, step=step, ts=ts.timestamp(),
+        CheckpointFact(attempt=number, kind=kind, step=step, ts=_as_datetime(ts).timestamp(),
                        duration_s=duration, bytes=int(size) if size is not None else None)
         for number, kind, step, ts, duration, size in rows
     ]
