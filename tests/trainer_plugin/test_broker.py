@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,8 +21,37 @@ from trainer_plugin.transports.broker import BrokerTransport
 
 
 @pytest.fixture
-def ingest_list(broker_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(broker_url)
+def private_broker_url(tmp_path) -> Iterator[str]:
+    """A redis-server of this test's own: in a whole-suite run the end-to-end tests' Celery worker
+    (pytest-django runs them first) consumes the shared broker's `ingest` queue, and would take
+    the messages this test reads."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, socket_connect_timeout=1)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture
+def ingest_list(private_broker_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(private_broker_url)
     client.delete("ingest")
     try:
         yield client
@@ -34,8 +65,9 @@ def _messages(client: redis.Redis) -> list[dict]:
     return [json.loads(raw) for raw in reversed(client.lrange("ingest", 0, -1))]
 
 
-def test_monitor_sends_celery_tasks_to_the_ingest_queue(broker_url, ingest_list) -> None:
-    monitor = Monitor("llm", "llama-8b", url=broker_url, token="s3cret", flush_interval_s=0.05)
+def test_monitor_sends_celery_tasks_to_the_ingest_queue(private_broker_url, ingest_list) -> None:
+    monitor = Monitor("llm", "llama-8b", url=private_broker_url, token="s3cret",
+                      flush_interval_s=0.05)
     for _ in range(3):
         monitor.step(tokens=10, loss=1.0)
     assert monitor.close(timeout_s=10)
