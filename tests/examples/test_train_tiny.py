@@ -61,7 +61,8 @@ def test_checkpoint_is_written_atomically(no_runwatch, tmp_path):
 
 
 def test_two_ranks_under_torchrun_train_and_exit_cleanly(no_runwatch):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore:Failed to initialize NumPy")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore:Failed to initialize NumPy",
+               PYTHONPATH=str(ROOT))
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(SCRIPT), "--steps", "120", "--log-every", "20", "--run-name", "test-ddp"],
@@ -80,7 +81,8 @@ def test_two_ranks_under_torchrun_train_and_exit_cleanly(no_runwatch):
 
 
 def test_ctrl_c_stops_both_ranks_together_without_a_traceback(no_runwatch):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore:Failed to initialize NumPy")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore:Failed to initialize NumPy",
+               PYTHONPATH=str(ROOT))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(SCRIPT), "--steps", "100000", "--log-every", "10"],
