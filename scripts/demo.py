@@ -235,6 +235,9 @@ def run_demo(args: argparse.Namespace) -> int:
                 "RUNWATCH_URL": base_url,
                 "RUNWATCH_TOKEN": token,
                 "RUNWATCH_PROJECT": DEMO_PROJECT,
+                # A laptop has no NVIDIA GPU: the simulated sensor (marked simulated in the data)
+                # streams GPU telemetry beside the real steps. Unset it on a GPU machine.
+                "RUNWATCH_GPU_SAMPLING": env.get("RUNWATCH_GPU_SAMPLING", "simulated"),
                 "OMP_NUM_THREADS": "1",  # the example sets one thread per rank; say so up front
             },
             stdout=subprocess.PIPE,
