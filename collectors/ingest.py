@@ -204,6 +204,16 @@ def _update_run_and_attempt(batch: dict[str, Any], run: Run, attempt: Attempt, r
                 Run.objects.filter(pk=run.pk).update(status=status)
 
 
+def _evaluate_alerts(run_id: int) -> None:
+    """Event alert rules, after the batch is committed; never a reason to fail the batch."""
+    try:
+        from collectors.alerts.tasks import evaluate_run_events
+
+        evaluate_run_events.delay(run_id)
+    except Exception:
+        log.exception("could not evaluate alert rules for run %s", run_id)
+
+
 def store_batch(batch: dict[str, Any], project_id: int) -> StoreResult:
     """Writes a validated batch for ``project_id`` in one transaction, once per batch id."""
     run_info, source = batch["run"], batch["source"]
@@ -246,6 +256,8 @@ def store_batch(batch: dict[str, Any], project_id: int) -> StoreResult:
         if changes:
             Run.objects.filter(pk=run.pk).update(**changes)
         _update_run_and_attempt(batch, run, attempt, rank)
+        if any(event["kind"] == "interruption" for event in batch["events"]):
+            transaction.on_commit(lambda: _evaluate_alerts(run.pk))
     return StoreResult(stored=True, run_id=run.pk, steps=len(step_rows),
                        gpu_samples=len(gpu_rows), events=len(event_rows))
 

@@ -10,4 +10,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 
 app = Celery("runwatch")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["collectors"])
+app.autodiscover_tasks(["collectors", "collectors.alerts"])

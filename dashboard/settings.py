@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "collectors",
+    "collectors.alerts",
     "dashboard",
 ]
 
@@ -164,7 +165,27 @@ RUNWATCH_REFRESH_MS = env.int("RUNWATCH_REFRESH_MS", default=3000)
 RUNWATCH_STALL_AFTER_S = env.int("RUNWATCH_STALL_AFTER_S", default=60)
 CELERY_BEAT_SCHEDULE = {
     "detect-stalls": {"task": "collectors.detect_stalls", "schedule": 30.0},
+    # Window alert rules (stall, throughput, GPU heat, power, ETTR, checkpoints) and resolutions.
+    "evaluate-alert-windows": {"task": "alerts.evaluate_windows", "schedule": 30.0},
 }
+
+# --- Alerts (collectors.alerts) ------------------------------------------------------------------
+# Base of the links in alert messages, e.g. https://runwatch.example.org (no link when empty).
+RUNWATCH_PUBLIC_URL = env.str("RUNWATCH_PUBLIC_URL", default="")
+# Mail: EMAIL_URL (smtp://user:pass@host:25, smtp+tls://… for STARTTLS) or the EMAIL_* names.
+# Without either, embedded mode prints mail to the console instead of sending it.
+if env.str("EMAIL_URL", default=""):
+    vars().update(env.email_url("EMAIL_URL"))
+else:
+    EMAIL_HOST = env.str("EMAIL_HOST", default="")
+    EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+    EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+    EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+    EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+    EMAIL_BACKEND = ("django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
+                     else "django.core.mail.backends.console.EmailBackend")
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="runwatch@localhost")
 
 LOGGING = {
     "version": 1,

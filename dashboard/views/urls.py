@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard.views import failures, runs
+from dashboard.views import alerts, failures, runs
 
 urlpatterns = [
     path("", runs.runs_list, name="runs"),
@@ -13,4 +13,11 @@ urlpatterns = [
     path("runs/<int:run_id>/failures/<int:interruption_id>/label", failures.label_interruption,
          name="label_interruption"),
     path("runs/<int:run_id>/checkpoints/", failures.run_checkpoints, name="run_checkpoints"),
+    path("alerts/", alerts.alerts_page, name="alerts"),
+    path("alerts/history/", alerts.history, name="alert_history"),
+    path("alerts/rules/new", alerts.rule_new, name="alert_rule_new"),
+    path("alerts/rules/<int:rule_id>/", alerts.rule_edit, name="alert_rule_edit"),
+    path("alerts/channels/new", alerts.channel_new, name="alert_channel_new"),
+    path("alerts/channels/<int:channel_id>/", alerts.channel_edit, name="alert_channel_edit"),
+    path("alerts/channels/<int:channel_id>/test", alerts.channel_test, name="alert_channel_test"),
 ]

@@ -17,6 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from collectors.models import Attempt, Project, Run, StepMetric
+from tests.collectors.alerts.conftest import webhook_server  # noqa: F401 (Slack stand-in)
 
 PASSWORD = "correct horse battery staple"
 

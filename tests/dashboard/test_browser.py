@@ -176,3 +176,26 @@ def test_a_realistic_runs_list_shows_every_status(page, live_server, users, proj
     page.wait_for_timeout(500)
     page.screenshot(path=str(shots / "run.png"))
     assert all((shots / name).stat().st_size > 10_000 for name in ("login.png", "runs.png", "run.png"))
+
+
+def test_add_a_slack_channel_and_send_a_test(page, live_server, users, projects, webhook_server):
+    log_in(page, live_server, users["member"].username)
+    page.click("nav.topnav >> text=Alerts")
+    page.wait_for_url(live_server.url + "/alerts/")
+    page.click("text=New channel")
+    page.select_option("#id_project", label="llm")
+    page.fill("#id_name", "llm on-call")
+    page.select_option("#id_kind", "slack")
+    page.fill("#id_url", webhook_server.url)
+    page.click("button[type=submit] >> text=Save")
+    page.wait_for_url(live_server.url + "/alerts/")
+    row = page.locator("#channels tr", has_text="llm on-call")
+    assert "XXXX…WXYZ" in row.inner_text()
+    assert "abcdefghijklmnopqrst" not in page.content()
+
+    row.locator("button", has_text="Send test").click()
+    page.wait_for_selector("text=Test message sent to llm on-call.")
+    [request] = webhook_server.requests
+    assert request["json"]["text"].startswith("[TEST]")
+    page.click("text=Notification history")
+    assert "sent" in page.locator("#history tbody tr").first.inner_text()
