@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -27,6 +27,7 @@ from collectors.models import (
     Run,
     StepMetric,
 )
+from collectors.timestamps import from_epoch as _when
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,6 @@ def record_rejection(batch: Any, reason: str, field: str | None = None) -> None:
         batch_id=batch_id, project=project, reason=reason[:2000], field=(field or "")[:200],
         excerpt=repr(batch)[:1000],
     )
-
-
-def _when(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
 
 
 def _step_rows(batch: dict[str, Any], run_id: int, attempt_id: int, rank: int) -> list[tuple]:

@@ -3,12 +3,13 @@ that decided each verdict (including XID events reported on the same host shortl
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from collectors.classification.engine import classify
 from collectors.classification.rules import active_rules
 from collectors.models import Attempt, Event, Interruption, Run
+from collectors.timestamps import from_epoch as _when
 
 # XIDs the sampler reported on the host this long before an interruption count as its evidence
 # (an XID 79 is often logged a minute or two before the process notices the GPU is gone).
@@ -17,10 +18,6 @@ XID_WINDOW = timedelta(minutes=5)
 XID_GRACE = timedelta(seconds=10)
 MAX_TEXT_CHARS = 20_000
 SOURCES = {choice for choice, _ in Interruption.Source.choices}
-
-
-def _when(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
 
 
 def _text(event: dict[str, Any]) -> str:

@@ -16,11 +16,7 @@ from django.utils.dateparse import parse_datetime
 from collectors.analysis import goodput
 from collectors.analysis.goodput import AttemptSpan, CheckpointFact, InterruptionFact
 from collectors.models import Attempt, Checkpoint, Interruption, Run, StepMetric
-
-
-def _epoch(ts: datetime | None) -> float | None:
-    return ts.timestamp() if ts is not None else None
-
+from collectors.timestamps import to_epoch as _epoch
 
 # Per attempt, its first and last step rows (any rank: ranks step in lockstep, so the earliest
 # and the latest row bound the attempt's training). The first row is read forwards from just

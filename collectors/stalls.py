@@ -32,6 +32,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone as django_tz
 
 from collectors.models import Attempt, Event, GpuSample, Interruption, Run, StepMetric
+from collectors.timestamps import to_epoch as _epoch
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +139,6 @@ def _median_step_s_portable(run_id: int, attempt_id: int) -> float | None:
         .order_by("-ts").values_list("duration_s", flat=True)[:MEDIAN_WINDOW_ROWS]
     )
     return float(statistics.median(durations)) if durations else None
-
-
-def _epoch(ts: datetime | None) -> float | None:
-    return ts.timestamp() if ts is not None else None
 
 
 def detect_stalls(now: datetime | None = None, floor_s: float | None = None) -> list[Interruption]:
