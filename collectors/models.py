@@ -193,6 +193,60 @@ class GpuSample(models.Model):
         indexes = [models.Index(fields=["run", "ts"], name="gpu_run_ts")]
 
 
+# Rollups: one row per run, source and minute, kept up to date by the ingest transaction that writes
+# the raw rows (collectors.rollups), so they count every stored batch exactly once. Long ranges and
+# whole-run analyses (time of day, stragglers, GPU health, power overview) read these instead of the
+# raw tables; sums and counts rather than averages so that later batches merge in exactly.
+
+
+class StepMinute(models.Model):
+    """A rank's steps that ended within one minute."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
+    rank = models.PositiveIntegerField()
+    minute = models.DateTimeField()  # start of the minute, UTC
+    steps = models.PositiveIntegerField(default=0)
+    last_step = models.BigIntegerField(null=True)
+    duration_n = models.PositiveIntegerField(default=0)  # steps that reported a duration
+    duration_sum = models.FloatField(default=0.0)
+    duration_max = models.FloatField(null=True)
+    tokens = models.BigIntegerField(default=0)
+    loss_n = models.PositiveIntegerField(default=0)
+    loss_sum = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "minute", "rank"],
+                                               name="step_minute_unique")]
+
+
+class GpuMinute(models.Model):
+    """One GPU's samples within one minute."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
+    host = models.CharField(max_length=255)
+    gpu = models.PositiveSmallIntegerField()
+    minute = models.DateTimeField()  # start of the minute, UTC
+    samples = models.PositiveIntegerField(default=0)
+    temp_n = models.PositiveIntegerField(default=0)
+    temp_sum = models.FloatField(default=0.0)
+    temp_max = models.FloatField(null=True)
+    power_n = models.PositiveIntegerField(default=0)
+    power_sum = models.FloatField(default=0.0)
+    power_min = models.FloatField(null=True)
+    power_max = models.FloatField(null=True)
+    util_n = models.PositiveIntegerField(default=0)
+    util_sum = models.FloatField(default=0.0)
+    clock_n = models.PositiveIntegerField(default=0)
+    clock_sum = models.FloatField(default=0.0)
+    clock_min = models.FloatField(null=True)
+    throttled = models.PositiveIntegerField(default=0)  # samples with any throttle reason bit set
+    throttle_bits = models.BigIntegerField(default=0)  # OR of the reason bits seen
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "minute", "host", "gpu"],
+                                               name="gpu_minute_unique")]
+
+
 class Event(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
     attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False)
