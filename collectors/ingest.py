@@ -224,7 +224,8 @@ def store_batch(batch: dict[str, Any], project_id: int) -> StoreResult:
         try:
             with transaction.atomic():
                 IngestedBatch.objects.create(
-                    batch_id=batch["batch_id"], run=run, rank=rank,
+                    batch_id=batch["batch_id"], run=run, rank=rank, host=host,
+                    local_rank=source.get("local_rank"),
                     steps=len(batch["steps"]["step"]), gpu_samples=len(batch["gpus"]["ts"]),
                     events=len(batch["events"]),
                 )

@@ -134,6 +134,9 @@ class IngestedBatch(models.Model):
     batch_id = models.UUIDField(primary_key=True)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="batches")
     rank = models.PositiveIntegerField()
+    # Where the rank ran: how stragglers and GPU health name a rank's host and GPU.
+    host = models.CharField(max_length=255, blank=True)
+    local_rank = models.PositiveIntegerField(null=True, blank=True)
     received_at = models.DateTimeField(default=django_tz.now)
     steps = models.PositiveIntegerField(default=0)
     gpu_samples = models.PositiveIntegerField(default=0)
