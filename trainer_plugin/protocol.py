@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import uuid
 from typing import Any
 
@@ -36,6 +37,21 @@ MAX_ROWS = 100_000
 MAX_EVENTS = 10_000
 MAX_METRICS = 64
 MAX_CONFIG_BYTES = 64 * 1024
+#: Nesting depth of run.config and of an event's payload.
+MAX_DEPTH = 32
+MAX_PROJECT_CHARS = 100
+MAX_RUN_NAME_CHARS = 200
+MAX_HOST_CHARS = 255
+# Bounds of what the database columns hold (steps, tokens, throttle bits: bigint; ranks and
+# attempts: integer; GPU indexes: smallint), so an out-of-range value is a 400 naming the field
+# instead of a failed write.
+MAX_INT64 = 2**63 - 1
+MAX_INT32 = 2**31 - 1
+MAX_GPU_INDEX = 2**15 - 1
+#: 9999-12-31T00:00Z: later timestamps have no datetime.
+MAX_TIMESTAMP = 253402214400.0
+#: An integer beyond this has no float; metric and sensor columns are stored as doubles.
+MAX_NUMBER = sys.float_info.max
 
 EVENT_KINDS = frozenset(
     {
@@ -55,8 +71,12 @@ EVENT_KINDS = frozenset(
 STEP_COLUMNS = ("step", "ts", "duration_s", "tokens")
 GPU_COLUMNS = ("ts", "gpu", "temp_c", "power_w", "util_pct", "mem_used_mb", "sm_clock_mhz", "throttle")
 
-_SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")
+# Also the patterns of the ingest API's OpenAPI description (collectors.openapi), hence written
+# for both dialects; matched with fullmatch, as JSON Schema's "$" does not allow a trailing newline.
+SLUG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+METRIC_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"
+_SLUG = re.compile(SLUG_PATTERN)
+_METRIC_NAME = re.compile(METRIC_NAME_PATTERN)
 
 
 class ProtocolError(ValueError):
@@ -123,6 +143,43 @@ def _is_number(value: Any) -> bool:
     return _is_int(value)
 
 
+def _is_text(value: str) -> bool:
+    """No NUL (PostgreSQL text cannot hold one) and no lone surrogate (no UTF-8 for it)."""
+    if "\x00" in value:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_json(value: Any, field: str, depth: int = 0) -> None:
+    """Free-form JSON (run.config, event payloads): text, depth and numbers the database can store."""
+    if isinstance(value, str):
+        if not _is_text(value):
+            raise ProtocolError(f"'{field}' holds text with a NUL character or invalid UTF-8", field)
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int):
+        if not -MAX_INT64 <= value <= MAX_INT64:
+            raise ProtocolError(f"'{field}' holds an integer beyond 64 bits", field)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ProtocolError(f"'{field}' holds a number that is not finite", field)
+    elif isinstance(value, dict | list):
+        if depth >= MAX_DEPTH:
+            raise ProtocolError(f"'{field}' is nested deeper than {MAX_DEPTH} levels", field)
+        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+            if isinstance(value, dict) and not (isinstance(key, str) and _is_text(key)):
+                raise ProtocolError(f"'{field}' holds a key that is not valid text", field)
+            _check_json(item, field, depth + 1)
+    else:
+        raise ProtocolError(f"'{field}' holds a {type(value).__name__}, which is not JSON", field)
+
+
 def _require_dict(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ProtocolError(f"'{field}' must be an object", field)
@@ -135,23 +192,27 @@ def _require_str(obj: dict[str, Any], key: str, field: str, pattern: re.Pattern 
     if not isinstance(value, str) or not value or len(value) > max_len:
         raise ProtocolError(f"'{field}' must be a non-empty string of at most {max_len} characters",
                             field)
-    if pattern is not None and not pattern.match(value):
+    if not _is_text(value):
+        raise ProtocolError(f"'{field}' must be UTF-8 text without NUL characters", field)
+    if pattern is not None and not pattern.fullmatch(value):
         raise ProtocolError(
             f"'{field}' may only hold letters, digits, '_', '.' and '-' (got {value!r})", field
         )
     return value
 
 
-def _require_int(obj: dict[str, Any], key: str, field: str, minimum: int = 0) -> int:
+def _require_int(obj: dict[str, Any], key: str, field: str, minimum: int = 0,
+                 maximum: int = MAX_INT32) -> int:
     value = obj.get(key)
-    if not _is_int(value) or value < minimum:
-        raise ProtocolError(f"'{field}' must be an integer >= {minimum}", field)
+    if not _is_int(value) or not minimum <= value <= maximum:
+        raise ProtocolError(f"'{field}' must be an integer from {minimum} to {maximum}", field)
     return value
 
 
-def _check_column(values: Any, field: str, kind: str, length: int | None) -> int:
-    """Checks one column; ``kind`` is 'ts' (finite number, required), 'int' (>= 0, required),
-    'number?' (finite or null) or 'int?' (>= 0 or null). Returns the column's length."""
+def _check_column(values: Any, field: str, kind: str, length: int | None,
+                  maximum: int = MAX_INT64) -> int:
+    """Checks one column; ``kind`` is 'ts' (finite number, required), 'int' (0..maximum,
+    required), 'number?' (finite or null) or 'int?' (0..maximum or null). Returns its length."""
     if not isinstance(values, list):
         raise ProtocolError(f"'{field}' must be a list", field)
     if length is not None and len(values) != length:
@@ -163,18 +224,20 @@ def _check_column(values: Any, field: str, kind: str, length: int | None) -> int
         raise BatchTooLarge(f"'{field}' has {len(values)} rows; a batch holds at most {MAX_ROWS}",
                             field)
     if kind == "ts":
-        bad = next((i for i, v in enumerate(values) if not _is_number(v) or v < 0), None)
-        what = "a finite, non-negative Unix timestamp"
+        bad = next((i for i, v in enumerate(values)
+                    if not _is_number(v) or not 0 <= v <= MAX_TIMESTAMP), None)
+        what = "a finite, non-negative Unix timestamp before year 9999"
     elif kind == "int":
-        bad = next((i for i, v in enumerate(values) if not _is_int(v) or v < 0), None)
-        what = "an integer >= 0"
+        bad = next((i for i, v in enumerate(values) if not _is_int(v) or not 0 <= v <= maximum),
+                   None)
+        what = f"an integer from 0 to {maximum}"
     elif kind == "int?":
-        bad = next(
-            (i for i, v in enumerate(values) if v is not None and (not _is_int(v) or v < 0)), None
-        )
-        what = "an integer >= 0 or null"
+        bad = next((i for i, v in enumerate(values)
+                    if v is not None and (not _is_int(v) or not 0 <= v <= maximum)), None)
+        what = f"an integer from 0 to {maximum} or null"
     else:
-        bad = next((i for i, v in enumerate(values) if v is not None and not _is_number(v)), None)
+        bad = next((i for i, v in enumerate(values) if v is not None
+                    and (not _is_number(v) or not -MAX_NUMBER <= v <= MAX_NUMBER)), None)
         what = "a finite number or null"
     if bad is not None:
         raise ProtocolError(f"'{field}[{bad}]' must be {what} (got {values[bad]!r})", field)
@@ -197,7 +260,7 @@ def _validate_steps(steps: Any) -> None:
         raise ProtocolError(f"'steps.metrics' has {len(metrics)} series; at most {MAX_METRICS}",
                             "steps.metrics")
     for name, values in metrics.items():
-        if not _METRIC_NAME.match(name):
+        if not isinstance(name, str) or not _METRIC_NAME.fullmatch(name):
             raise ProtocolError(f"metric name {name!r} must be an identifier of at most 64 "
                                 "characters (letters, digits, '_', '.', '/', '-')", "steps.metrics")
         _check_column(values, f"steps.metrics.{name}", "number?", length)
@@ -213,7 +276,7 @@ def _validate_gpus(gpus: Any) -> None:
     if not isinstance(gpus.setdefault("simulated", False), bool):
         raise ProtocolError("'gpus.simulated' must be true or false", "gpus.simulated")
     length = _check_column(gpus["ts"], "gpus.ts", "ts", None)
-    _check_column(gpus["gpu"], "gpus.gpu", "int", length)
+    _check_column(gpus["gpu"], "gpus.gpu", "int", length, maximum=MAX_GPU_INDEX)
     for column in ("temp_c", "power_w", "util_pct", "mem_used_mb", "sm_clock_mhz"):
         _check_column(gpus[column], f"gpus.{column}", "number?", length)
     _check_column(gpus["throttle"], "gpus.throttle", "int?", length)
@@ -235,12 +298,10 @@ def _validate_events(events: Any) -> None:
                 f"{field}.kind",
             )
         ts = event.get("ts")
-        if not _is_number(ts) or ts < 0:
-            raise ProtocolError(f"'{field}.ts' must be a finite, non-negative Unix timestamp",
-                                f"{field}.ts")
-        for key, value in event.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ProtocolError(f"'{field}.{key}' must be finite", f"{field}.{key}")
+        if not _is_number(ts) or not 0 <= ts <= MAX_TIMESTAMP:
+            raise ProtocolError(f"'{field}.ts' must be a finite, non-negative Unix timestamp "
+                                "before year 9999", f"{field}.ts")
+        _check_json(event, field)
 
 
 def validate_batch(batch: Any) -> dict[str, Any]:
@@ -263,17 +324,18 @@ def validate_batch(batch: Any) -> dict[str, Any]:
         raise ProtocolError("'batch_id' must be a UUID string", "batch_id")
 
     run = _require_dict(batch.get("run"), "run")
-    _require_str(run, "project", "run.project", _SLUG, max_len=100)
-    _require_str(run, "name", "run.name", max_len=200)
+    _require_str(run, "project", "run.project", _SLUG, max_len=MAX_PROJECT_CHARS)
+    _require_str(run, "name", "run.name", max_len=MAX_RUN_NAME_CHARS)
     _require_int(run, "attempt", "run.attempt")
     config = run.setdefault("config", {})
     if not isinstance(config, dict):
         raise ProtocolError("'run.config' must be an object", "run.config")
+    _check_json(config, "run.config")
     if len(repr(config)) > MAX_CONFIG_BYTES:
         raise ProtocolError(f"'run.config' must stay under {MAX_CONFIG_BYTES} bytes", "run.config")
 
     source = _require_dict(batch.get("source"), "source")
-    _require_str(source, "host", "source.host")
+    _require_str(source, "host", "source.host", max_len=MAX_HOST_CHARS)
     rank = _require_int(source, "rank", "source.rank")
     _require_int(source, "local_rank", "source.local_rank")
     world_size = _require_int(source, "world_size", "source.world_size", minimum=1)
