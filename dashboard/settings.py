@@ -116,14 +116,15 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
-# HTTPS hardening, on for production behind TLS (`check --deploy` expects it).
+# HTTPS hardening, on for production behind TLS (`check --deploy` expects it). RUNWATCH_HTTPS turns
+# it all on; each part can be set on its own (e.g. SECURE_HSTS_PRELOAD=false for a private domain).
 _https = env.bool("RUNWATCH_HTTPS", default=False)
-SECURE_SSL_REDIRECT = _https
-SESSION_COOKIE_SECURE = _https
-CSRF_COOKIE_SECURE = _https
-SECURE_HSTS_SECONDS = 31536000 if _https else 0
-SECURE_HSTS_INCLUDE_SUBDOMAINS = _https
-SECURE_HSTS_PRELOAD = _https
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=_https)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=_https)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=_https)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000 if _https else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=_https)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=_https)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if _https else None
 SESSION_COOKIE_HTTPONLY = True
 
@@ -157,6 +158,21 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 RUNWATCH_STALE_AFTER_S = env.int("RUNWATCH_STALE_AFTER_S", default=120)
 # How often the run page asks for fresh chart data.
 RUNWATCH_REFRESH_MS = env.int("RUNWATCH_REFRESH_MS", default=3000)
+# Ingest batches per token: "BATCHES/SECONDS" or "off" (collectors.ratelimit). The default is 3x
+# what a 200-rank job at one batch per second per rank sends. Counted in Redis (the broker's, or
+# RUNWATCH_RATE_LIMIT_REDIS_URL) so all web workers share the count; in memory when embedded.
+RUNWATCH_INGEST_RATE_LIMIT = env.str("RUNWATCH_INGEST_RATE_LIMIT", default="6000/10")
+_rate_redis = env.str("RUNWATCH_RATE_LIMIT_REDIS_URL", default="") or (
+    CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "ingest_rate": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _rate_redis,
+         "KEY_PREFIX": "runwatch-rate"}
+        if _rate_redis else
+        {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "ingest-rate"}
+    ),
+}
 
 # --- Stall detection (collectors.stalls) ---------------------------------------------------------
 # An attempt with no step and no heartbeat for max(this, 10 x its median step time) gets an
