@@ -13,9 +13,12 @@ import zlib
 
 from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import cache_control
 from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET
 from kombu.exceptions import OperationalError as BrokerError
 
+from collectors import openapi, ratelimit
 from collectors.ingest import Refused, authorize
 from collectors.tasks import enqueue_batch
 from trainer_plugin.protocol import MAX_BATCH_BYTES, ProtocolError, row_count, validate_batch
@@ -84,6 +87,8 @@ def _decode(body: bytes):
         return json.loads(body, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as error:
         raise BadRequest(f"body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise BadRequest("body is not valid JSON: nested too deeply") from None
 
 
 @csrf_exempt
@@ -95,6 +100,11 @@ def ingest(request: HttpRequest) -> JsonResponse:
         return _error("missing ingest token: send 'Authorization: Bearer <token>' "
                       "(create one with `python manage.py createtoken PROJECT`)", 401,
                       WWW_Authenticate="Bearer")
+    # Before the body is read: a throttled sender costs one counter increment, not a parse.
+    wait_s = ratelimit.retry_after(token)
+    if wait_s is not None:
+        return _error(f"too many batches from this token; keep the batch and send it again in "
+                      f"{wait_s} s (limit RUNWATCH_INGEST_RATE_LIMIT)", 429, Retry_After=str(wait_s))
     try:
         batch = validate_batch(_decode(_read_body(request)))
         authorize(token, batch["run"]["project"])
@@ -114,3 +124,10 @@ def ingest(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"batch_id": batch["batch_id"], "rows": row_count(batch)}, status=202)
 
 
+
+
+@require_GET
+@cache_control(max_age=300)
+def openapi_description(request: HttpRequest) -> JsonResponse:
+    """The ingest API's OpenAPI 3.1 description; public, like any API's documentation."""
+    return JsonResponse(openapi.description())
