@@ -1,18 +1,28 @@
-"""Bulk inserts of telemetry rows: binary COPY on PostgreSQL, bulk_create elsewhere.
+"""Bulk inserts of telemetry tables: binary COPY on PostgreSQL, bulk_create elsewhere.
 
 COPY is the fastest way into PostgreSQL by a wide margin (shared/BENCHMARKING.md: ~6x text COPY,
-~15x executemany), and a batch is already columnar, so rows stream straight into it.
+~15x executemany), and a batch is already columnar. Handing psycopg one Python tuple per row cost
+more than the COPY itself (bench/README.md), so the COPY payload is built a column at a time with
+numpy: every row of a table has the same fixed-width fields (a batch has one run, attempt, host and
+rank), so the rows are one structured array; nulls and per-row variable fields (jsonb, the kind of
+an event) are spliced in by index arithmetic rather than by a Python loop over rows.
+
+Binary COPY format: https://www.postgresql.org/docs/15/sql-copy.html#id-1.9.3.55.9.4
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from django.db import connection
+import numpy as np
+from django.db import DataError, connection
 from django.db.models import Model
-from psycopg.types.json import Jsonb
 
-# (column, PostgreSQL type) in the order the row tuples of collectors.ingest are built.
+# (column, PostgreSQL type) of each telemetry table; Table.data is keyed by these names.
 STEP_COLUMNS = (
     ("run_id", "int8"), ("attempt_id", "int8"), ("rank", "int4"), ("step", "int8"),
     ("ts", "timestamptz"), ("duration_s", "float8"), ("tokens", "int8"), ("loss", "float8"),
@@ -29,34 +39,193 @@ EVENT_COLUMNS = (
     ("kind", "varchar"), ("ts", "timestamptz"), ("payload", "jsonb"),
 )
 
+_FIXED = {"int8": ">i8", "int4": ">i4", "int2": ">i2", "float8": ">f8", "bool": "u1",
+          "timestamptz": ">i8"}
+_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+_TRAILER = b"\xff\xff"
+# PostgreSQL counts timestamps in microseconds from 2000-01-01 UTC.
+_PG_EPOCH_MICROS = 946_684_800 * 1_000_000
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-def write(model: type[Model], columns: Sequence[tuple[str, str]], rows: list[tuple]) -> None:
-    """Inserts ``rows`` (tuples in ``columns`` order) into ``model``'s table, in the current
-    transaction."""
-    if not rows:
+
+class JsonTexts(list):
+    """A jsonb column given as one JSON text per row, already encoded by the caller (who can build
+    the text of a fixed set of keys faster than json.dumps builds it from a dict)."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows of one table by column. A value in ``data`` is either one Python value for every row
+    (the run, the host), a numpy array (float NaN = null; a masked array for nullable integers;
+    timestamps as int64 microseconds since the Unix epoch), or a list with one Python value per row
+    (jsonb payloads, an event's kind; see JsonTexts)."""
+
+    columns: Sequence[tuple[str, str]]
+    data: dict[str, Any]
+    length: int
+
+
+def write(model: type[Model], table: Table) -> None:
+    """Inserts ``table``'s rows into ``model``'s table, in the current transaction."""
+    if not table.length:
         return
-    names = [name for name, _ in columns]
     if connection.vendor == "postgresql":
-        _copy(model._meta.db_table, columns, rows)
+        # Variable-width fields go last: each row is then its fixed part followed by them.
+        ordered = sorted(table.columns, key=lambda c: not _is_fixed(c[1], table.data[c[0]]))
+        payload = copy_payload(ordered, table.data, table.length)
+        names = ", ".join(f'"{name}"' for name, _ in ordered)
+        with connection.cursor() as cursor:
+            # Django's wrapper hides psycopg's copy(); the raw cursor shares its connection and
+            # transaction. Writing whole blocks means the payload carries signature and trailer.
+            with cursor.cursor.copy(
+                f'COPY "{model._meta.db_table}" ({names}) FROM STDIN (FORMAT BINARY)'
+            ) as copy:
+                copy.write(payload)
     else:
-        model.objects.bulk_create([model(**dict(zip(names, row, strict=True))) for row in rows],
-                                  batch_size=500)
+        names = [name for name, _ in table.columns]
+        model.objects.bulk_create(
+            [model(**dict(zip(names, row, strict=True))) for row in python_rows(table)],
+            batch_size=500,
+        )
 
 
-def _copy(table: str, columns: Sequence[tuple[str, str]], rows: list[tuple]) -> None:
-    json_at = [i for i, (_, kind) in enumerate(columns) if kind == "jsonb"]
-    names = ", ".join(f'"{name}"' for name, _ in columns)
-    with connection.cursor() as cursor:
-        # Django's wrapper hides psycopg's copy(); the raw cursor shares its connection and
-        # transaction.
-        with cursor.cursor.copy(f'COPY "{table}" ({names}) FROM STDIN (FORMAT BINARY)') as copy:
-            copy.set_types([kind for _, kind in columns])
-            if json_at:
-                for row in rows:
-                    row = list(row)
-                    for i in json_at:
-                        row[i] = Jsonb(row[i])
-                    copy.write_row(row)
+def _is_fixed(kind: str, value: Any) -> bool:
+    if isinstance(value, list):
+        return False
+    return kind in _FIXED or kind in ("varchar", "jsonb")  # a constant string/json is fixed too
+
+
+def _constant_bytes(kind: str, value: Any) -> bytes:
+    if kind == "varchar":
+        return str(value).encode()
+    if kind == "jsonb":
+        # jsonb's binary input is a version byte (1) followed by the JSON text.
+        return b"\x01" + json.dumps(value).encode()
+    raise TypeError(f"no constant encoding for {kind}")
+
+
+def _fixed_column(kind: str, value: Any, length: int) -> tuple[np.dtype, Any, np.ndarray | None]:
+    """(field dtype, values to assign, null mask or None) for one fixed-width column."""
+    if value is None:
+        dtype = np.dtype(_FIXED.get(kind, "S1"))
+        return dtype, 0, np.ones(length, dtype=bool)
+    if kind in ("varchar", "jsonb"):
+        encoded = _constant_bytes(kind, value)
+        return np.dtype(f"S{max(len(encoded), 1)}"), encoded, None
+    dtype = np.dtype(_FIXED[kind])
+    if not isinstance(value, np.ndarray):
+        return dtype, _checked(kind, np.asarray([value]))[0], None
+    nulls = None
+    if isinstance(value, np.ma.MaskedArray):
+        mask = np.ma.getmaskarray(value)
+        nulls = mask if mask.any() else None
+        value = value.filled(0)
+    elif value.dtype.kind == "f":
+        missing = np.isnan(value)
+        if missing.any():
+            nulls = missing
+            value = np.where(missing, 0.0, value)
+    if kind == "timestamptz":
+        value = value - _PG_EPOCH_MICROS
+    return dtype, _checked(kind, value), nulls
+
+
+def _checked(kind: str, values: np.ndarray) -> np.ndarray:
+    """Refuses integers that do not fit their column, as PostgreSQL would: numpy would wrap."""
+    if kind in ("int2", "int4", "int8") and values.size:
+        info = np.iinfo(_FIXED[kind].lstrip(">"))
+        if values.min() < info.min or values.max() > info.max:
+            raise DataError(f"a value does not fit the {kind} column")
+    return values
+
+
+def _variable_column(kind: str, values: list) -> list[bytes]:
+    if isinstance(values, JsonTexts):
+        return [b"\x01" + text.encode() for text in values]
+    if kind == "jsonb":
+        return [b"\x01" + json.dumps(value).encode() for value in values]
+    if kind == "varchar":
+        return [str(value).encode() for value in values]
+    raise TypeError(f"no per-row encoding for {kind}")
+
+
+def copy_payload(columns: Sequence[tuple[str, str]], data: dict[str, Any], length: int) -> bytes:
+    """The whole binary COPY stream for ``length`` rows: fixed-width columns first, then the
+    columns given as per-row lists (the caller orders them so)."""
+    fixed = [(name, kind) for name, kind in columns if _is_fixed(kind, data[name])]
+    variable = [(name, kind) for name, kind in columns if not _is_fixed(kind, data[name])]
+
+    specs = [_fixed_column(kind, data[name], length) for name, kind in fixed]
+    fields: list[tuple[str, Any]] = [("count", ">i2")]
+    for i, (dtype, _, _) in enumerate(specs):
+        fields += [(f"len{i}", ">i4"), (f"val{i}", dtype)]
+    rows = np.zeros(length, dtype=np.dtype(fields))
+    rows["count"] = len(columns)
+    keep = None  # which bytes of each fixed-width row survive (a null field has no value bytes)
+    for i, (dtype, value, nulls) in enumerate(specs):
+        rows[f"len{i}"] = dtype.itemsize
+        rows[f"val{i}"] = value
+        if nulls is not None:
+            rows[f"len{i}"][nulls] = -1
+            if keep is None:
+                keep = np.ones((length, rows.dtype.itemsize), dtype=bool)
+            start = rows.dtype.fields[f"val{i}"][1]
+            keep[nulls, start:start + dtype.itemsize] = False
+
+    if keep is None and not variable:
+        return _SIGNATURE + rows.tobytes() + _TRAILER
+    matrix = rows.view(np.uint8).reshape(length, rows.dtype.itemsize)
+    if keep is None:
+        streams = [(matrix.reshape(-1), np.full(length, rows.dtype.itemsize, dtype=np.int64))]
+    else:
+        streams = [(matrix[keep], keep.sum(axis=1, dtype=np.int64))]
+    for name, kind in variable:
+        encoded = _variable_column(kind, data[name])
+        sizes = np.fromiter(map(len, encoded), dtype=np.int64, count=length)
+        streams.append((sizes.astype(">i4").view(np.uint8), np.full(length, 4, dtype=np.int64)))
+        streams.append((np.frombuffer(b"".join(encoded), dtype=np.uint8), sizes))
+    return _SIGNATURE + _interleave(streams).tobytes() + _TRAILER
+
+
+def _interleave(streams: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Concatenates row i of every stream, for each row in turn. A stream is its rows' bytes end to
+    end (flat uint8) and the byte length of each row."""
+    sizes = np.stack([size for _, size in streams])  # (streams, rows)
+    row_sizes = sizes.sum(axis=0)
+    row_starts = np.cumsum(row_sizes) - row_sizes
+    starts = row_starts + np.cumsum(sizes, axis=0) - sizes  # where stream k's part of row i goes
+    out = np.empty(int(row_sizes.sum()), dtype=np.uint8)
+    for (flat, size), start in zip(streams, starts, strict=True):
+        source_starts = np.cumsum(size) - size
+        out[np.repeat(start - source_starts, size) + np.arange(flat.size)] = flat
+    return out
+
+
+def python_rows(table: Table) -> list[tuple]:
+    """The rows as tuples of Python values (None for null, aware datetimes), in column order."""
+    columns = []
+    for name, kind in table.columns:
+        value = table.data[name]
+        if isinstance(value, JsonTexts):
+            columns.append([json.loads(text) for text in value])
+        elif isinstance(value, list):
+            columns.append(value)
+        elif not isinstance(value, np.ndarray):
+            columns.append([value] * table.length)
+        else:
+            if isinstance(value, np.ma.MaskedArray):
+                nulls = np.ma.getmaskarray(value)
+                value = value.filled(0)
+            elif value.dtype.kind == "f":
+                nulls = np.isnan(value)
             else:
-                for row in rows:
-                    copy.write_row(row)
+                nulls = np.zeros(table.length, dtype=bool)
+            if kind == "timestamptz":
+                values = [_UNIX_EPOCH + timedelta(microseconds=us) for us in value.tolist()]
+            elif kind == "bool":
+                values = [bool(v) for v in value.tolist()]
+            else:
+                values = value.tolist()
+            columns.append([None if null else v
+                            for v, null in zip(values, nulls.tolist(), strict=True)])
+    return list(zip(*columns, strict=True))

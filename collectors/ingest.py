@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import F, Value
+import numpy as np
+from django.db import connection, transaction
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone as django_tz
 
-from collectors import bulk_write
+from collectors import bulk_write, columns, rollups
 from collectors.interruptions import record_interruptions
 from collectors.models import (
     Attempt,
@@ -90,45 +91,71 @@ def record_rejection(batch: Any, reason: str, field: str | None = None) -> None:
     )
 
 
-def _step_rows(batch: dict[str, Any], run_id: int, attempt_id: int, rank: int) -> list[tuple]:
-    steps = batch["steps"]
+def _step_table(steps: dict[str, Any], run_id: int, attempt_id: int,
+                rank: int) -> tuple[bulk_write.Table, rollups.Groups]:
+    length = len(steps["step"])
     metrics: dict[str, list] = steps["metrics"]
-    columns = [metrics.get(name) for name in COLUMN_METRICS]
-    extra_names = [name for name in metrics if name not in COLUMN_METRICS]
-    none_column = [None] * len(steps["step"])
-    loss, lr, grad_norm = (column if column is not None else none_column for column in columns)
-    rows = []
-    for i, (step, ts, duration, tokens) in enumerate(
-        zip(steps["step"], steps["ts"], steps["duration_s"], steps["tokens"], strict=True)
-    ):
-        extra = {name: metrics[name][i] for name in extra_names if metrics[name][i] is not None}
-        rows.append((run_id, attempt_id, rank, step, _when(ts), duration, tokens,
-                     loss[i], lr[i], grad_norm[i], extra))
-    return rows
+    ts = columns.epoch_micros(steps["ts"])
+    step = np.asarray(steps["step"], dtype=np.int64)
+    duration = columns.floats(steps["duration_s"], length)
+    tokens = columns.ints(steps["tokens"], length)
+    table = bulk_write.Table(bulk_write.STEP_COLUMNS, {
+        "run_id": run_id, "attempt_id": attempt_id, "rank": rank, "step": step, "ts": ts,
+        "duration_s": duration, "tokens": tokens,
+        # An absent series is one constant null, not a column of them.
+        **{name: columns.floats(metrics[name], length) if name in metrics else None
+           for name in COLUMN_METRICS},
+        "extra": _extra(metrics, length),
+    }, length)
+    loss = columns.floats(metrics.get("loss"), length)
+    return table, rollups.step_groups(ts, step, duration, tokens, loss)
 
 
-def _gpu_rows(batch: dict[str, Any], run_id: int, attempt_id: int, host: str) -> list[tuple]:
-    gpus = batch["gpus"]
-    simulated = gpus["simulated"]
-    return [
-        (run_id, attempt_id, host, gpu, _when(ts), temp, power, util, mem, clock, throttle,
-         simulated)
-        for ts, gpu, temp, power, util, mem, clock, throttle in zip(
-            gpus["ts"], gpus["gpu"], gpus["temp_c"], gpus["power_w"], gpus["util_pct"],
-            gpus["mem_used_mb"], gpus["sm_clock_mhz"], gpus["throttle"], strict=True,
-        )
-    ]
+def _extra(metrics: dict[str, list], length: int) -> dict | list:
+    """StepMetric.extra per row: the series without a column of their own, nulls left out."""
+    names = [name for name in metrics if name not in COLUMN_METRICS]
+    if not names:
+        return {}
+    series = [metrics[name] for name in names]
+    rows = zip(*series, strict=True)
+    if not any(None in values for values in series):
+        # Validated metric names are plain identifiers and values finite numbers, whose repr is
+        # their JSON: one string format per row instead of a dict and json.dumps.
+        template = "{" + ", ".join(f'"{name}": %r' for name in names) + "}"
+        return bulk_write.JsonTexts(template % row for row in rows)
+    return [{name: value for name, value in zip(names, row, strict=True) if value is not None}
+            for row in rows]
 
 
-def _event_rows(batch, run_id: int, attempt_id: int, rank: int, host: str) -> list[tuple]:
-    rows = []
-    for event in batch["events"]:
-        payload = {k: v for k, v in event.items() if k not in ("kind", "ts")}
-        rows.append((run_id, attempt_id, rank, host, event["kind"], _when(event["ts"]), payload))
-    return rows
+def _gpu_table(gpus: dict[str, Any], run_id: int, attempt_id: int,
+               host: str) -> tuple[bulk_write.Table, rollups.Groups]:
+    length = len(gpus["ts"])
+    ts = columns.epoch_micros(gpus["ts"])
+    gpu = np.asarray(gpus["gpu"], dtype=np.int64)
+    measured = {name: columns.floats(gpus[name], length)
+                for name in ("temp_c", "power_w", "util_pct", "mem_used_mb", "sm_clock_mhz")}
+    throttle = columns.ints(gpus["throttle"], length)
+    table = bulk_write.Table(bulk_write.GPU_COLUMNS, {
+        "run_id": run_id, "attempt_id": attempt_id, "host": host, "gpu": gpu, "ts": ts,
+        **measured, "throttle": throttle, "simulated": gpus["simulated"],
+    }, length)
+    groups = rollups.gpu_groups(ts, gpu, measured["temp_c"], measured["power_w"],
+                                measured["util_pct"], measured["sm_clock_mhz"], throttle)
+    return table, groups
 
 
-def _checkpoints(batch, run: Run, attempt: Attempt, rank: int) -> list[Checkpoint]:
+def _event_table(events: list[dict[str, Any]], run_id: int, attempt_id: int, rank: int,
+                 host: str) -> bulk_write.Table:
+    return bulk_write.Table(bulk_write.EVENT_COLUMNS, {
+        "run_id": run_id, "attempt_id": attempt_id, "rank": rank, "host": host,
+        "kind": [event["kind"] for event in events],
+        "ts": columns.epoch_micros([event["ts"] for event in events]),
+        "payload": [{k: v for k, v in event.items() if k not in ("kind", "ts")}
+                    for event in events],
+    }, len(events))
+
+
+def _checkpoints(batch, run_id: int, attempt_id: int, rank: int) -> list[Checkpoint]:
     def number(value):
         return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -139,7 +166,7 @@ def _checkpoints(batch, run: Run, attempt: Attempt, rank: int) -> list[Checkpoin
         step = number(event.get("step"))
         size = number(event.get("bytes"))
         found.append(Checkpoint(
-            run=run, attempt=attempt, rank=rank,
+            run_id=run_id, attempt_id=attempt_id, rank=rank,
             kind=Checkpoint.Kind.SAVE if event["kind"] == "checkpoint_save" else Checkpoint.Kind.LOAD,
             step=int(step) if step is not None else None,
             ts=_when(event["ts"]),
@@ -150,55 +177,64 @@ def _checkpoints(batch, run: Run, attempt: Attempt, rank: int) -> list[Checkpoin
     return found
 
 
-def _update_run_and_attempt(batch: dict[str, Any], run: Run, attempt: Attempt, rank: int) -> None:
+def _update_run_and_attempt(batch: dict[str, Any], place: Placement, rank: int) -> None:
     """Folds what the batch says about progress and status into the run and attempt rows, with
-    single UPDATEs so concurrent batches of other ranks never overwrite each other's progress."""
-    steps, events = batch["steps"], batch["events"]
-    times = list(steps["ts"]) + list(batch["gpus"]["ts"]) + [e["ts"] for e in events]
-    if times:
-        Run.objects.filter(pk=run.pk).update(
-            last_seen_at=Greatest(Coalesce(F("last_seen_at"), Value(_when(max(times)))),
-                                  Value(_when(max(times)))),
-            first_seen_at=Least(Coalesce(F("first_seen_at"), Value(_when(min(times)))),
-                                Value(_when(min(times)))),
-        )
+    single UPDATEs (GREATEST/LEAST of stored and new) so concurrent batches of other ranks never
+    overwrite each other's progress. One statement for the run, one for the attempt."""
+    steps, gpus, events = batch["steps"], batch["gpus"], batch["events"]
+    event_times = [event["ts"] for event in events]
+    latest = max(max(steps["ts"], default=0), max(gpus["ts"], default=0),
+                 max(event_times, default=0))
+    changes: dict[str, Any] = {
+        "world_size": Greatest(F("world_size"), Value(batch["source"]["world_size"])),
+    }
+    if steps["ts"] or gpus["ts"] or event_times:
+        earliest = min(min(steps["ts"], default=latest), min(gpus["ts"], default=latest),
+                       min(event_times, default=latest))
+        changes["last_seen_at"] = Greatest(Coalesce(F("last_seen_at"), Value(_when(latest))),
+                                           Value(_when(latest)))
+        changes["first_seen_at"] = Least(Coalesce(F("first_seen_at"), Value(_when(earliest))),
+                                         Value(_when(earliest)))
     if steps["step"]:
         last = max(steps["step"])
-        Run.objects.filter(pk=run.pk).update(
-            last_step=Greatest(Coalesce(F("last_step"), Value(last)), Value(last))
-        )
+        changes["last_step"] = Greatest(Coalesce(F("last_step"), Value(last)), Value(last))
+    Run.objects.filter(pk=place.run_id).update(**changes)
+
     started = [e["ts"] for e in events if e["kind"] == "start"] or steps["ts"][:1]
-    if started:
-        Attempt.objects.filter(pk=attempt.pk).update(
+    if started and (place.started_at is None or place.started_at > _when(min(started))):
+        Attempt.objects.filter(pk=place.attempt_id).update(
             started_at=Least(Coalesce(F("started_at"), Value(_when(min(started)))),
                              Value(_when(min(started))))
         )
+    if any(event["kind"] in ("start", "interruption", "finish") for event in events):
+        _apply_status_events(events, place, rank)
 
+
+def _apply_status_events(events: list[dict[str, Any]], place: Placement, rank: int) -> None:
+    run = Run.objects.filter(pk=place.run_id)
+    attempt = Attempt.objects.filter(pk=place.attempt_id)
     # A start of the newest attempt means the run is going again, whatever it said before.
-    newest = Attempt.objects.filter(run=run).order_by("-number").values_list("number", flat=True)[0]
+    newest = Attempt.objects.filter(run_id=place.run_id).order_by("-number").values_list(
+        "number", flat=True)[0]
+    is_newest = place.attempt_number >= newest
     for event in sorted(events, key=lambda e: e["ts"]):
         kind = event["kind"]
-        if kind == "start" and attempt.number >= newest:
-            Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+        if kind == "start" and is_newest:
+            run.update(status=Run.Status.RUNNING)
         elif kind == "interruption":
             reason = str(event.get("exc_type") or event.get("reason") or "interruption")[:200]
-            Attempt.objects.filter(pk=attempt.pk).update(
-                ended_at=_when(event["ts"]), exit_reason=reason
-            )
-            if attempt.number >= newest:
-                Run.objects.filter(pk=run.pk).update(status=Run.Status.INTERRUPTED)
+            attempt.update(ended_at=_when(event["ts"]), exit_reason=reason)
+            if is_newest:
+                run.update(status=Run.Status.INTERRUPTED)
         elif kind == "finish":
             failed = event.get("status") not in (None, "finished", "ok", "success")
             # Every rank finishes; rank 0 speaks for a clean end, any rank for a failure.
             if not failed and rank != 0:
                 continue
-            Attempt.objects.filter(pk=attempt.pk).update(
-                ended_at=_when(event["ts"]),
-                exit_reason=str(event.get("status") or "finished")[:200],
-            )
-            if attempt.number >= newest:
-                status = Run.Status.FAILED if failed else Run.Status.FINISHED
-                Run.objects.filter(pk=run.pk).update(status=status)
+            attempt.update(ended_at=_when(event["ts"]),
+                           exit_reason=str(event.get("status") or "finished")[:200])
+            if is_newest:
+                run.update(status=Run.Status.FAILED if failed else Run.Status.FINISHED)
 
 
 def _evaluate_alerts(run_id: int) -> None:
@@ -211,51 +247,103 @@ def _evaluate_alerts(run_id: int) -> None:
         log.exception("could not evaluate alert rules for run %s", run_id)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """The run and attempt a batch belongs to, and what of them the batch's updates need."""
+
+    run_id: int
+    attempt_id: int
+    attempt_number: int
+    started_at: datetime | None
+    has_config: bool
+
+
+# (project id, run name, attempt number) -> (run id, attempt id), per worker process: saves the two
+# get_or_create queries every batch would otherwise make. An entry is only a hint: _place checks
+# it against the database in one primary-key query, in the batch's transaction, and falls back to
+# get_or_create when the rows are gone (a deleted run, a test's rolled-back transaction).
+_placements: dict[tuple[int, str, int], tuple[int, int]] = {}
+_PLACEMENTS_MAX = 10_000
+
+
+def _place(project_id: int, run_info: dict[str, Any], source: dict[str, Any]) -> Placement:
+    key = (project_id, run_info["name"], run_info["attempt"])
+    cached = _placements.get(key)
+    if cached is not None:
+        found = (
+            Attempt.objects.filter(pk=cached[1], run_id=cached[0], number=key[2],
+                                   run__project_id=key[0], run__name=key[1])
+            .annotate(has_config=ExpressionWrapper(~Q(run__config={}), BooleanField()))
+            .values_list("started_at", "has_config").first()
+        )
+        if found is not None:
+            return Placement(cached[0], cached[1], key[2], found[0], found[1])
+        del _placements[key]
+    run, _ = Run.objects.get_or_create(
+        project_id=project_id, name=run_info["name"],
+        defaults={"config": run_info.get("config") or {}, "world_size": source["world_size"]},
+    )
+    attempt, _ = Attempt.objects.get_or_create(run=run, number=run_info["attempt"])
+    if len(_placements) >= _PLACEMENTS_MAX:
+        _placements.clear()
+    _placements[key] = (run.pk, attempt.pk)
+    return Placement(run.pk, attempt.pk, attempt.number, attempt.started_at, bool(run.config))
+
+
+def _claim(batch: dict[str, Any], run_id: int) -> bool:
+    """Records the batch id; False when it was already there (a redelivery). One INSERT ... ON
+    CONFLICT DO NOTHING rather than a savepoint around a create: a round trip instead of three."""
+    source = batch["source"]
+    row = IngestedBatch(
+        batch_id=batch["batch_id"], run_id=run_id, rank=source["rank"], host=source["host"],
+        local_rank=source.get("local_rank"), steps=len(batch["steps"]["step"]),
+        gpu_samples=len(batch["gpus"]["ts"]), events=len(batch["events"]),
+    )
+    fields = IngestedBatch._meta.concrete_fields
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {quote(IngestedBatch._meta.db_table)} "
+            f"({', '.join(quote(field.column) for field in fields)}) "
+            f"VALUES ({', '.join(['%s'] * len(fields))}) "
+            f"ON CONFLICT ({quote('batch_id')}) DO NOTHING RETURNING {quote('batch_id')}",
+            [field.get_db_prep_save(getattr(row, field.attname), connection) for field in fields],
+        )
+        return cursor.fetchone() is not None
+
+
 def store_batch(batch: dict[str, Any], project_id: int) -> StoreResult:
-    """Writes a validated batch for ``project_id`` in one transaction, once per batch id."""
+    """Writes a validated batch for ``project_id`` in one transaction, once per batch id, with the
+    rollups of its rows (collectors.rollups)."""
     run_info, source = batch["run"], batch["source"]
     rank, host = source["rank"], source["host"]
+    events = batch["events"]
     with transaction.atomic():
-        run, _ = Run.objects.get_or_create(
-            project_id=project_id,
-            name=run_info["name"],
-            defaults={"config": run_info.get("config") or {}, "world_size": source["world_size"]},
-        )
-        try:
-            with transaction.atomic():
-                IngestedBatch.objects.create(
-                    batch_id=batch["batch_id"], run=run, rank=rank, host=host,
-                    local_rank=source.get("local_rank"),
-                    steps=len(batch["steps"]["step"]), gpu_samples=len(batch["gpus"]["ts"]),
-                    events=len(batch["events"]),
-                )
-        except IntegrityError:
+        place = _place(project_id, run_info, source)
+        run_id, attempt_id = place.run_id, place.attempt_id
+        if not _claim(batch, run_id):
             log.info("batch %s was already stored; skipping the redelivery", batch["batch_id"])
-            return StoreResult(stored=False, run_id=run.pk)
+            return StoreResult(stored=False, run_id=run_id)
 
-        attempt, _ = Attempt.objects.get_or_create(run=run, number=run_info["attempt"])
-        step_rows = _step_rows(batch, run.pk, attempt.pk, rank)
-        gpu_rows = _gpu_rows(batch, run.pk, attempt.pk, host)
-        event_rows = _event_rows(batch, run.pk, attempt.pk, rank, host)
-        bulk_write.write(StepMetric, bulk_write.STEP_COLUMNS, step_rows)
-        bulk_write.write(GpuSample, bulk_write.GPU_COLUMNS, gpu_rows)
-        bulk_write.write(Event, bulk_write.EVENT_COLUMNS, event_rows)
-        checkpoints = _checkpoints(batch, run, attempt, rank)
+        step_table, step_groups = _step_table(batch["steps"], run_id, attempt_id, rank)
+        gpu_table, gpu_groups = _gpu_table(batch["gpus"], run_id, attempt_id, host)
+        bulk_write.write(StepMetric, step_table)
+        bulk_write.write(GpuSample, gpu_table)
+        bulk_write.write(Event, _event_table(events, run_id, attempt_id, rank, host))
+        rollups.add_steps(run_id, rank, step_groups)
+        rollups.add_gpus(run_id, host, gpu_groups)
+        checkpoints = _checkpoints(batch, run_id, attempt_id, rank)
         if checkpoints:
             Checkpoint.objects.bulk_create(checkpoints)
-        # After the events are written: an interruption's evidence includes this batch's XIDs.
-        record_interruptions(run, attempt, rank, host, batch["events"])
+        if any(event["kind"] == "interruption" for event in events):
+            # After the events are written: an interruption's evidence includes this batch's XIDs.
+            record_interruptions(Run.objects.get(pk=run_id), Attempt.objects.get(pk=attempt_id),
+                                 rank, host, events)
+            transaction.on_commit(lambda: _evaluate_alerts(run_id))
 
-        changes = {}
-        if run_info.get("config") and not run.config:
-            changes["config"] = run_info["config"]
-        if source["world_size"] > run.world_size:
-            changes["world_size"] = source["world_size"]
-        if changes:
-            Run.objects.filter(pk=run.pk).update(**changes)
-        _update_run_and_attempt(batch, run, attempt, rank)
-        if any(event["kind"] == "interruption" for event in batch["events"]):
-            transaction.on_commit(lambda: _evaluate_alerts(run.pk))
-    return StoreResult(stored=True, run_id=run.pk, steps=len(step_rows),
-                       gpu_samples=len(gpu_rows), events=len(event_rows))
-
+        if run_info.get("config") and not place.has_config:
+            # Only while the run has none: the first batch that carries one sets it.
+            Run.objects.filter(pk=run_id, config={}).update(config=run_info["config"])
+        _update_run_and_attempt(batch, place, rank)
+    return StoreResult(stored=True, run_id=run_id, steps=step_table.length,
+                       gpu_samples=gpu_table.length, events=len(events))

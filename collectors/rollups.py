@@ -1,0 +1,285 @@
+"""Per-minute rollups (collectors.models.StepMinute, GpuMinute), kept current by ingest.
+
+Ingest calls ``add_steps``/``add_gpus`` in the transaction that writes a batch's raw rows, so a
+batch is counted exactly once: a redelivered batch is refused before either is written, and a
+batch that fails leaves neither. Each call aggregates the batch by minute in numpy and merges the
+result with ONE upsert per table (sums and counts add up, minima and maxima compare), so batches
+can arrive in any order and from any number of workers. ``rebuild`` recomputes the same rows from
+the raw tables, for data loaded without ingest (a COPY, an old database).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+from django.db import connection, transaction
+
+from collectors.columns import MICROS_PER_MINUTE
+
+# What merges how when a minute already has a row: ADD sums and counts, MAX/MIN compare (a null
+# on either side keeps the other), OR combines bits.
+ADD, MAX, MIN, OR = "add", "max", "min", "or"
+
+STEP_TABLE = "collectors_stepminute"
+STEP_KEY = ("run_id", "rank", "minute")
+STEP_VALUES = (("steps", ADD), ("last_step", MAX), ("duration_n", ADD), ("duration_sum", ADD),
+               ("duration_max", MAX), ("tokens", ADD), ("loss_n", ADD), ("loss_sum", ADD))
+
+GPU_TABLE = "collectors_gpuminute"
+GPU_KEY = ("run_id", "host", "gpu", "minute")
+GPU_VALUES = (("samples", ADD), ("temp_n", ADD), ("temp_sum", ADD), ("temp_max", MAX),
+              ("power_n", ADD), ("power_sum", ADD), ("power_min", MIN), ("power_max", MAX),
+              ("util_n", ADD), ("util_sum", ADD), ("clock_n", ADD), ("clock_sum", ADD),
+              ("clock_min", MIN), ("throttled", ADD), ("throttle_bits", OR))
+
+# PostgreSQL array types of the per-group columns, for the unnest() upsert.
+_PG_TYPES = {"rank": "int8", "gpu": "int8", "minute": "int8", "last_step": "int8",
+             "tokens": "int8", "throttle_bits": "int8", "duration_max": "float8",
+             "duration_sum": "float8", "loss_sum": "float8", "temp_sum": "float8",
+             "temp_max": "float8", "power_sum": "float8", "power_min": "float8",
+             "power_max": "float8", "util_sum": "float8", "clock_sum": "float8",
+             "clock_min": "float8"}
+
+
+@dataclass(frozen=True)
+class Groups:
+    """One batch's aggregates: per column, one value per group (a minute, or a minute and GPU)."""
+
+    columns: dict[str, list]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values()), []))
+
+
+# --- aggregation of one batch ------------------------------------------------------------------
+
+
+def _count_and_sum(inverse: np.ndarray, groups: int, values: np.ndarray) -> tuple[list, list]:
+    present = ~np.isnan(values)
+    counts = np.bincount(inverse, weights=present, minlength=groups).astype(np.int64)
+    sums = np.bincount(inverse, weights=np.where(present, values, 0.0), minlength=groups)
+    return counts.tolist(), sums.tolist()
+
+
+def _extreme(inverse: np.ndarray, groups: int, values: np.ndarray, which: str) -> list:
+    present = ~np.isnan(values)
+    if which == MAX:
+        found = np.full(groups, -np.inf)
+        np.maximum.at(found, inverse[present], values[present])
+    else:
+        found = np.full(groups, np.inf)
+        np.minimum.at(found, inverse[present], values[present])
+    return [None if np.isinf(v) else v for v in found.tolist()]
+
+
+def step_groups(ts_micros: np.ndarray, step: np.ndarray, duration: np.ndarray,
+                tokens: np.ma.MaskedArray, loss: np.ndarray) -> Groups:
+    """A rank's steps by the minute they ended in. Floats are NaN where null; tokens masked."""
+    minutes, inverse = np.unique(ts_micros // MICROS_PER_MINUTE, return_inverse=True)
+    n = len(minutes)
+    last_step = np.full(n, np.iinfo(np.int64).min)
+    np.maximum.at(last_step, inverse, step)
+    token_sums = np.zeros(n, dtype=np.int64)
+    np.add.at(token_sums, inverse, np.ma.filled(tokens, 0))
+    duration_n, duration_sum = _count_and_sum(inverse, n, duration)
+    loss_n, loss_sum = _count_and_sum(inverse, n, loss)
+    return Groups({
+        "minute": (minutes * 60).tolist(),
+        "steps": np.bincount(inverse, minlength=n).tolist(),
+        "last_step": last_step.tolist(),
+        "duration_n": duration_n, "duration_sum": duration_sum,
+        "duration_max": _extreme(inverse, n, duration, MAX),
+        "tokens": token_sums.tolist(),
+        "loss_n": loss_n, "loss_sum": loss_sum,
+    })
+
+
+def gpu_groups(ts_micros: np.ndarray, gpu: np.ndarray, temp: np.ndarray, power: np.ndarray,
+               util: np.ndarray, clock: np.ndarray, throttle: np.ma.MaskedArray) -> Groups:
+    """One host's samples by GPU and minute. Floats are NaN where null; throttle masked."""
+    keys = (ts_micros // MICROS_PER_MINUTE) * 65_536 + gpu
+    unique, inverse = np.unique(keys, return_inverse=True)
+    n = len(unique)
+    bits = np.ma.filled(throttle, 0)
+    bits_or = np.zeros(n, dtype=np.int64)
+    np.bitwise_or.at(bits_or, inverse, bits)
+    temp_n, temp_sum = _count_and_sum(inverse, n, temp)
+    power_n, power_sum = _count_and_sum(inverse, n, power)
+    util_n, util_sum = _count_and_sum(inverse, n, util)
+    clock_n, clock_sum = _count_and_sum(inverse, n, clock)
+    return Groups({
+        "gpu": (unique % 65_536).tolist(),
+        "minute": ((unique // 65_536) * 60).tolist(),
+        "samples": np.bincount(inverse, minlength=n).tolist(),
+        "temp_n": temp_n, "temp_sum": temp_sum, "temp_max": _extreme(inverse, n, temp, MAX),
+        "power_n": power_n, "power_sum": power_sum,
+        "power_min": _extreme(inverse, n, power, MIN),
+        "power_max": _extreme(inverse, n, power, MAX),
+        "util_n": util_n, "util_sum": util_sum,
+        "clock_n": clock_n, "clock_sum": clock_sum, "clock_min": _extreme(inverse, n, clock, MIN),
+        "throttled": np.bincount(inverse, weights=bits != 0, minlength=n).astype(np.int64).tolist(),
+        "throttle_bits": bits_or.tolist(),
+    })
+
+
+# --- merging into the tables -------------------------------------------------------------------
+
+
+def add_steps(run_id: int, rank: int, groups: Groups) -> None:
+    """Merges one batch's step aggregates into StepMinute (call inside the batch's transaction)."""
+    _upsert(STEP_TABLE, STEP_KEY, STEP_VALUES, {"run_id": run_id, "rank": rank}, groups)
+
+
+def add_gpus(run_id: int, host: str, groups: Groups) -> None:
+    """Merges one batch's GPU aggregates into GpuMinute (call inside the batch's transaction)."""
+    _upsert(GPU_TABLE, GPU_KEY, GPU_VALUES, {"run_id": run_id, "host": host}, groups)
+
+
+def _merge(table: str, column: str, how: str, postgres: bool) -> str:
+    old, new = f"{table}.{column}", f"EXCLUDED.{column}"
+    if how == ADD:
+        return f"{column} = {old} + {new}"
+    if how == OR:
+        return f"{column} = {old} | {new}"
+    # PostgreSQL's GREATEST/LEAST skip nulls; SQLite's scalar MAX()/MIN() return null on one.
+    if postgres:
+        return f"{column} = {'GREATEST' if how == MAX else 'LEAST'}({old}, {new})"
+    return (f"{column} = {'MAX' if how == MAX else 'MIN'}(COALESCE({old}, {new}), "
+            f"COALESCE({new}, {old}))")
+
+
+def _upsert(table: str, key: tuple[str, ...], values: tuple[tuple[str, str], ...],
+            constants: dict, groups: Groups) -> None:
+    if not len(groups):
+        return
+    postgres = connection.vendor == "postgresql"
+    per_group = [name for name in key if name not in constants] + [name for name, _ in values]
+    columns = [*constants, *per_group]
+    updates = ", ".join(_merge(table, name, how, postgres) for name, how in values)
+    conflict = f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+    with connection.cursor() as cursor:
+        if postgres:
+            # One statement whatever the batch's size: the groups travel as one array per column.
+            # Keys arrive sorted (np.unique), so concurrent workers lock rows in the same order.
+            selected = ", ".join(
+                ["%s"] * len(constants)
+                + [f"to_timestamp(u.{name})" if name == "minute" else f"u.{name}"
+                   for name in per_group]
+            )
+            arrays = ", ".join(f"%s::{_PG_TYPES.get(name, 'int8')}[]" for name in per_group)
+            cursor.execute(
+                f"INSERT INTO {table} ({', '.join(columns)}) SELECT {selected} "
+                f"FROM unnest({arrays}) AS u({', '.join(per_group)}) {conflict}",
+                [*constants.values(), *(groups.columns[name] for name in per_group)],
+            )
+        else:
+            rows = _sqlite_rows(constants, per_group, groups)
+            # Well under SQLite's 32,766 bound parameters per statement.
+            chunk = max(1, 30_000 // len(columns))
+            for start in range(0, len(rows), chunk):
+                part = rows[start:start + chunk]
+                placeholders = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(part))
+                cursor.execute(
+                    f"INSERT INTO {table} ({', '.join(columns)}) VALUES {placeholders} {conflict}",
+                    [value for row in part for value in row],
+                )
+
+
+def _sqlite_rows(constants: dict, per_group: list[str], groups: Groups) -> list[tuple]:
+    # Stored as Django stores a DateTimeField there, so the unique key matches the same minute.
+    adapt = connection.ops.adapt_datetimefield_value
+    columns = [
+        [adapt(datetime.fromtimestamp(m, tz=UTC)) for m in groups.columns[name]]
+        if name == "minute" else groups.columns[name]
+        for name in per_group
+    ]
+    return [(*constants.values(), *row) for row in zip(*columns, strict=True)]
+
+
+# --- rebuilding from the raw tables ------------------------------------------------------------
+
+_STEP_REBUILD = f"""
+INSERT INTO {STEP_TABLE} (run_id, rank, minute, steps, last_step, duration_n, duration_sum,
+                          duration_max, tokens, loss_n, loss_sum)
+SELECT run_id, rank, date_trunc('minute', ts, 'UTC'), count(*), max(step), count(duration_s),
+       coalesce(sum(duration_s), 0), max(duration_s), coalesce(sum(tokens), 0)::bigint,
+       count(loss), coalesce(sum(loss), 0)
+FROM collectors_stepmetric {{where}}
+GROUP BY run_id, rank, date_trunc('minute', ts, 'UTC')
+"""
+_GPU_REBUILD = f"""
+INSERT INTO {GPU_TABLE} (run_id, host, gpu, minute, samples, temp_n, temp_sum, temp_max, power_n,
+                         power_sum, power_min, power_max, util_n, util_sum, clock_n, clock_sum,
+                         clock_min, throttled, throttle_bits)
+SELECT run_id, host, gpu, date_trunc('minute', ts, 'UTC'), count(*), count(temp_c),
+       coalesce(sum(temp_c), 0), max(temp_c), count(power_w), coalesce(sum(power_w), 0),
+       min(power_w), max(power_w), count(util_pct), coalesce(sum(util_pct), 0),
+       count(sm_clock_mhz), coalesce(sum(sm_clock_mhz), 0), min(sm_clock_mhz),
+       count(*) FILTER (WHERE throttle <> 0), coalesce(bit_or(throttle), 0)
+FROM collectors_gpusample {{where}}
+GROUP BY run_id, host, gpu, date_trunc('minute', ts, 'UTC')
+"""
+
+
+@transaction.atomic
+def rebuild(run_id: int | None = None) -> dict[str, int]:
+    """Recomputes the rollups of one run (or of every run) from the raw rows; returns how many
+    rollup rows each table now holds for it."""
+    from collectors.models import GpuMinute, StepMinute
+
+    if connection.vendor == "postgresql":
+        where, params = ("WHERE run_id = %s", [run_id]) if run_id is not None else ("", [])
+        with connection.cursor() as cursor:
+            # Waits for ingest transactions that already merged into the rollups to commit (their
+            # raw rows are then in the SELECT below) and holds later ones back until this commits
+            # (their raw rows are not): every batch is counted once.
+            cursor.execute(f"LOCK TABLE {STEP_TABLE}, {GPU_TABLE} IN SHARE ROW EXCLUSIVE MODE")
+            for table, insert in ((STEP_TABLE, _STEP_REBUILD), (GPU_TABLE, _GPU_REBUILD)):
+                cursor.execute(f"DELETE FROM {table} {where}", params)
+                cursor.execute(insert.format(where=where), params)
+    else:
+        _rebuild_portably(run_id)
+    steps, gpus = StepMinute.objects.all(), GpuMinute.objects.all()
+    if run_id is not None:
+        steps, gpus = steps.filter(run_id=run_id), gpus.filter(run_id=run_id)
+    return {"step_minutes": steps.count(), "gpu_minutes": gpus.count()}
+
+
+def _rebuild_portably(run_id: int | None) -> None:
+    """The embedded mode's rebuild (SQLite has no date_trunc or bit_or): the raw rows through the
+    same aggregation and upsert as ingest, one run and rank (or host) at a time."""
+    from collectors.columns import ints
+    from collectors.models import GpuMinute, GpuSample, StepMetric, StepMinute
+
+    steps, gpus = StepMetric.objects.all(), GpuSample.objects.all()
+    if run_id is not None:
+        steps, gpus = steps.filter(run_id=run_id), gpus.filter(run_id=run_id)
+    for rollup in (StepMinute, GpuMinute):
+        stale = rollup.objects.all()
+        (stale if run_id is None else stale.filter(run_id=run_id)).delete()
+
+    for run, rank in steps.values_list("run_id", "rank").distinct():
+        rows = list(steps.filter(run_id=run, rank=rank).values_list(
+            "ts", "step", "duration_s", "tokens", "loss"))
+        ts, step, duration, tokens, loss = zip(*rows, strict=True)
+        add_steps(run, rank, step_groups(
+            _micros(ts), np.asarray(step, dtype=np.int64), _floats(duration),
+            ints(list(tokens), len(rows)), _floats(loss)))
+    for run, host in gpus.values_list("run_id", "host").distinct():
+        rows = list(gpus.filter(run_id=run, host=host).values_list(
+            "ts", "gpu", "temp_c", "power_w", "util_pct", "sm_clock_mhz", "throttle"))
+        ts, gpu, temp, power, util, clock, throttle = zip(*rows, strict=True)
+        add_gpus(run, host, gpu_groups(
+            _micros(ts), np.asarray(gpu, dtype=np.int64), _floats(temp), _floats(power),
+            _floats(util), _floats(clock), ints(list(throttle), len(rows))))
+
+
+def _micros(stamps) -> np.ndarray:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return np.asarray([(t - epoch) // timedelta(microseconds=1) for t in stamps], dtype=np.int64)
+
+
+def _floats(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)

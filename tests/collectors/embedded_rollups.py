@@ -1,0 +1,69 @@
+"""Run as a child process by tests/collectors/test_rollups.py on SQLite (the embedded mode): ingests
+the rollup test batches through the ingest task (bulk_create instead of COPY, SQLite's upsert) and
+checks the rollups, then rebuilds them and checks again. Prints one JSON object on the last line;
+any mismatch fails with an AssertionError. Not collected by pytest (the suite refuses SQLite)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import django
+
+
+def main() -> None:
+    django.setup()
+
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from collectors.models import GpuSample, IngestToken, Project, Run, StepMetric
+    from collectors.tasks import ingest_batch
+    from tests.collectors.rollup_data import (
+        GPU_NUMBERS,
+        GPU_SUMS,
+        STEP_NUMBERS,
+        STEP_SUMS,
+        T0,
+        assert_same,
+        batch,
+        gpu_aggregates,
+        random_batches,
+        step_aggregates,
+        stored_gpus,
+        stored_steps,
+    )
+
+    assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+    call_command("migrate", verbosity=0)
+    token = IngestToken.issue(Project.objects.create(slug="llm"))[1]
+    rng = random.Random(11)
+    batches = random_batches(rng)
+    deliveries = batches + rng.sample(batches, len(batches) // 3)
+    rng.shuffle(deliveries)
+    stored = sum(ingest_batch(copy.deepcopy(b), token=token)["stored"] for b in deliveries)
+    ingest_batch(batch(rank=0, host="n", run="run-2",
+                       steps=[(7, T0 + 59.9999996, None, None, 1.5, 0.25)]), token=token)
+
+    run = Run.objects.get(name="run-1")
+    steps, gpus = step_aggregates(run), gpu_aggregates(run)
+    assert_same(stored_steps(run), steps, STEP_NUMBERS, STEP_SUMS)
+    assert_same(stored_gpus(run), gpus, GPU_NUMBERS, GPU_SUMS)
+    call_command("rebuild_rollups", verbosity=0)
+    assert_same(stored_steps(run), steps, STEP_NUMBERS, STEP_SUMS)
+    assert_same(stored_gpus(run), gpus, GPU_NUMBERS, GPU_SUMS)
+
+    edge = StepMetric.objects.get(run__name="run-2")
+    print(json.dumps({
+        "stored": stored, "batches": len(batches),
+        "steps": StepMetric.objects.filter(run=run).count(),
+        "gpu_samples": GpuSample.objects.filter(run=run).count(),
+        "hosts": sorted(set(GpuSample.objects.values_list("host", flat=True))),
+        "step_minutes": len(steps), "gpu_minutes": len(gpus),
+        "edge": [edge.ts.isoformat(), edge.duration_s, edge.tokens, edge.loss, edge.extra],
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Batches and expected rollups for tests/collectors/test_rollups.py and its embedded (SQLite) child
+process: the expected rollups are computed here in Python from the stored raw rows, independently
+of collectors.rollups."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from collectors.models import GpuMinute, GpuSample, Run, StepMetric, StepMinute
+from trainer_plugin import protocol
+
+# 2026-12-03 10:00:00 UTC: minute boundaries fall on multiples of 60 from here.
+T0 = 1_796_292_000.0
+STEP_NUMBERS = ("steps", "last_step", "duration_n", "duration_max", "tokens", "loss_n")
+STEP_SUMS = ("duration_sum", "loss_sum")
+GPU_NUMBERS = ("samples", "temp_n", "temp_max", "power_n", "power_min", "power_max", "util_n",
+               "clock_n", "clock_min", "throttled", "throttle_bits")
+GPU_SUMS = ("temp_sum", "power_sum", "util_sum", "clock_sum")
+
+
+def batch(*, rank: int, host: str, attempt: int = 0, run: str = "run-1", steps=(), gpus=(),
+          world_size: int = 16) -> dict:
+    """``steps``: (step, ts, duration, tokens, loss, accuracy); ``gpus``: (ts, gpu, temp, power,
+    util, clock, throttle). None anywhere is a null on the wire."""
+    step_table = {"step": [], "ts": [], "duration_s": [], "tokens": [],
+                  "metrics": {"loss": [], "accuracy": []}}
+    for step, ts, duration, tokens, loss, accuracy in steps:
+        for column, value in (("step", step), ("ts", ts), ("duration_s", duration),
+                              ("tokens", tokens)):
+            step_table[column].append(value)
+        step_table["metrics"]["loss"].append(loss)
+        step_table["metrics"]["accuracy"].append(accuracy)
+    gpu_table = protocol.empty_gpus()
+    for ts, gpu, temp, power, util, clock, throttle in gpus:
+        for column, value in (("ts", ts), ("gpu", gpu), ("temp_c", temp), ("power_w", power),
+                              ("util_pct", util), ("mem_used_mb", 1000.0),
+                              ("sm_clock_mhz", clock), ("throttle", throttle)):
+            gpu_table[column].append(value)
+    return protocol.make_batch(
+        run={"project": "llm", "name": run, "attempt": attempt},
+        source={"host": host, "rank": rank, "local_rank": rank % 8, "world_size": world_size},
+        steps=step_table, gpus=gpu_table)
+
+
+def maybe(rng: random.Random, value, chance: float = 0.15):
+    return None if rng.random() < chance else value
+
+
+def random_batches(rng: random.Random, run: str = "run-1") -> list[dict]:
+    """Four ranks on two hosts (one with a non-ASCII name), each sending eight batches of steps and
+    GPU samples that straddle minute boundaries, with nulls sprinkled through every column."""
+    batches = []
+    for rank in range(4):
+        host = ("node-ö1", "node2")[rank // 2]
+        for part in range(8):
+            start = T0 + part * 37.3 + rank * 0.25
+            steps = [(part * 50 + i, start + i * 0.71, maybe(rng, rng.uniform(0.5, 0.9)),
+                      maybe(rng, 4096 + rank), maybe(rng, rng.uniform(1.0, 3.0)),
+                      maybe(rng, rng.random())) for i in range(50)]
+            gpus = []
+            if rank % 2 == 0:  # one sampler per host, for that host's GPUs
+                gpus = [(start + i * 0.5, i % 4, maybe(rng, rng.uniform(40, 85)),
+                         maybe(rng, rng.uniform(100, 700)), maybe(rng, float(rng.randint(0, 100))),
+                         maybe(rng, rng.uniform(1000, 2000)),
+                         maybe(rng, rng.choice([0, 0, 0, 1, 4, 64, 1 << 40])))
+                        for i in range(80)]
+            batches.append(batch(rank=rank, host=host, steps=steps, gpus=gpus))
+    return batches
+
+
+def step_aggregates(run: Run) -> dict:
+    """StepMinute as it should be, computed here in Python from the stored raw rows."""
+    found: dict = defaultdict(lambda: {"steps": 0, "last_step": None, "duration_n": 0,
+                                       "duration_sum": 0.0, "duration_max": None, "tokens": 0,
+                                       "loss_n": 0, "loss_sum": 0.0})
+    for row in StepMetric.objects.filter(run=run):
+        agg = found[(row.rank, row.ts.replace(second=0, microsecond=0))]
+        agg["steps"] += 1
+        agg["last_step"] = max(agg["last_step"] or row.step, row.step)
+        if row.duration_s is not None:
+            agg["duration_n"] += 1
+            agg["duration_sum"] += row.duration_s
+            agg["duration_max"] = max(agg["duration_max"] or 0.0, row.duration_s)
+        agg["tokens"] += row.tokens or 0
+        if row.loss is not None:
+            agg["loss_n"] += 1
+            agg["loss_sum"] += row.loss
+    return dict(found)
+
+
+def gpu_aggregates(run: Run) -> dict:
+    found: dict = defaultdict(lambda: {
+        "samples": 0, "temp_n": 0, "temp_sum": 0.0, "temp_max": None, "power_n": 0,
+        "power_sum": 0.0, "power_min": None, "power_max": None, "util_n": 0, "util_sum": 0.0,
+        "clock_n": 0, "clock_sum": 0.0, "clock_min": None, "throttled": 0, "throttle_bits": 0})
+    for row in GpuSample.objects.filter(run=run):
+        agg = found[(row.host, row.gpu, row.ts.replace(second=0, microsecond=0))]
+        agg["samples"] += 1
+        for value, prefix in ((row.temp_c, "temp"), (row.power_w, "power"),
+                              (row.util_pct, "util"), (row.sm_clock_mhz, "clock")):
+            if value is None:
+                continue
+            agg[f"{prefix}_n"] += 1
+            agg[f"{prefix}_sum"] += value
+            if f"{prefix}_max" in agg:
+                agg[f"{prefix}_max"] = value if agg[f"{prefix}_max"] is None else max(
+                    agg[f"{prefix}_max"], value)
+            if f"{prefix}_min" in agg:
+                agg[f"{prefix}_min"] = value if agg[f"{prefix}_min"] is None else min(
+                    agg[f"{prefix}_min"], value)
+        if row.throttle:
+            agg["throttled"] += 1
+            agg["throttle_bits"] |= row.throttle
+    return dict(found)
+
+
+def stored_steps(run: Run) -> dict:
+    return {(r.rank, r.minute): {f: getattr(r, f) for f in STEP_NUMBERS + STEP_SUMS}
+            for r in StepMinute.objects.filter(run=run)}
+
+
+def stored_gpus(run: Run) -> dict:
+    return {(r.host, r.gpu, r.minute): {f: getattr(r, f) for f in GPU_NUMBERS + GPU_SUMS}
+            for r in GpuMinute.objects.filter(run=run)}
+
+
+def assert_same(stored: dict, expected: dict, exact: tuple[str, ...], sums: tuple[str, ...]):
+    """Counts, minima, maxima and bits exactly; float sums to the last few bits (the order of
+    additions differs between a batch-at-a-time merge and one GROUP BY)."""
+    assert stored.keys() == expected.keys()
+    for key, row in expected.items():
+        assert {f: stored[key][f] for f in exact} == {f: row[f] for f in exact}, key
+        for field in sums:
+            assert stored[key][field] == pytest.approx(row[field], rel=1e-12, abs=1e-9), \
+                (key, field)
+
+

@@ -1,0 +1,179 @@
+"""Per-minute rollups kept by ingest (collectors.rollups) against the raw rows they summarise, and
+`rebuild_rollups` against what ingest kept."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from collectors import rollups
+from collectors.models import GpuMinute, GpuSample, Run, StepMetric, StepMinute
+from collectors.tasks import ingest_batch
+from tests.collectors.rollup_data import (
+    GPU_NUMBERS,
+    GPU_SUMS,
+    STEP_NUMBERS,
+    STEP_SUMS,
+    T0,
+    assert_same,
+    batch,
+    gpu_aggregates,
+    random_batches,
+    step_aggregates,
+    stored_gpus,
+    stored_steps,
+)
+
+
+@pytest.fixture
+def ingested(token):
+    """The random batches, shuffled (out of order), with a third of them delivered twice."""
+    rng = random.Random(7)
+    batches = random_batches(rng)
+    deliveries = batches + rng.sample(batches, len(batches) // 3)
+    rng.shuffle(deliveries)
+    results = [ingest_batch(copy.deepcopy(b), token=token) for b in deliveries]
+    assert sum(r["stored"] for r in results) == len(batches)
+    return Run.objects.get(name="run-1")
+
+
+def test_rollups_equal_the_aggregates_of_the_raw_rows(ingested):
+    assert StepMetric.objects.filter(run=ingested).count() == 4 * 8 * 50
+    assert GpuSample.objects.filter(run=ingested).count() == 2 * 8 * 80
+
+    steps, gpus = step_aggregates(ingested), gpu_aggregates(ingested)
+    assert_same(stored_steps(ingested), steps, STEP_NUMBERS, STEP_SUMS)
+    assert_same(stored_gpus(ingested), gpus, GPU_NUMBERS, GPU_SUMS)
+    # The data really exercises what it claims to: several minutes, hosts, nulls and throttling.
+    assert len({minute for _, minute in steps}) == 5
+    assert {host for host, _, _ in gpus} == {"node-ö1", "node2"}
+    assert any(agg["loss_n"] < agg["steps"] for agg in steps.values())
+    assert any(agg["temp_n"] < agg["samples"] for agg in gpus.values())
+    assert any(agg["throttle_bits"] & (1 << 40) for agg in gpus.values())
+
+
+def test_a_redelivered_batch_is_not_counted_twice(token):
+    once = batch(rank=0, host="node0", steps=[(1, T0 + 1, 0.5, 10, 2.0, None)],
+                 gpus=[(T0 + 1, 0, 50.0, 300.0, 90.0, 1500.0, 0)])
+    for _ in range(3):
+        ingest_batch(copy.deepcopy(once), token=token)
+
+    assert StepMinute.objects.get().steps == 1
+    assert StepMinute.objects.get().tokens == 10
+    assert GpuMinute.objects.get().samples == 1
+    assert GpuMinute.objects.get().power_sum == 300.0
+
+
+def test_batches_of_one_minute_merge_sums_counts_minima_and_maxima(token):
+    minute = datetime.fromtimestamp(T0, tz=UTC)
+    ingest_batch(batch(rank=0, host="n", gpus=[(T0 + 1, 0, 50.0, 300.0, None, 1500.0, 2)]),
+                 token=token)
+    ingest_batch(batch(rank=0, host="n", gpus=[(T0 + 2, 0, 70.0, None, 80.0, 1400.0, 0),
+                                                (T0 + 59.9, 0, None, 200.0, 60.0, None, 8)]),
+                 token=token)
+
+    row = GpuMinute.objects.get()
+    assert (row.minute, row.samples, row.throttled, row.throttle_bits) == (minute, 3, 2, 10)
+    assert (row.temp_n, row.temp_sum, row.temp_max) == (2, 120.0, 70.0)
+    assert (row.power_n, row.power_sum, row.power_min, row.power_max) == (2, 500.0, 200.0, 300.0)
+    assert (row.util_n, row.util_sum, row.clock_n, row.clock_min) == (2, 140.0, 2, 1400.0)
+
+
+def test_a_minute_with_only_nulls_keeps_null_extremes(token):
+    ingest_batch(batch(rank=1, host="n", steps=[(5, T0 + 3, None, None, None, None)],
+                       gpus=[(T0 + 3, 1, None, None, None, None, None)]), token=token)
+
+    step = StepMinute.objects.get()
+    assert (step.steps, step.last_step, step.duration_n, step.duration_max, step.tokens,
+            step.loss_n) == (1, 5, 0, None, 0, 0)
+    gpu = GpuMinute.objects.get()
+    assert (gpu.samples, gpu.temp_n, gpu.temp_max, gpu.power_min, gpu.clock_min,
+            gpu.throttled) == (1, 0, None, None, None, 0)
+
+
+def test_a_step_is_filed_under_the_minute_of_its_stored_microsecond(token):
+    # 59.9999996 s past the minute is stored as the next minute's first microsecond.
+    ingest_batch(batch(rank=0, host="n", steps=[(1, T0 + 59.9999996, 1.0, 1, 1.0, None),
+                                                 (2, T0 + 59.999999, 1.0, 1, 1.0, None)]),
+                 token=token)
+
+    stored = sorted(StepMetric.objects.values_list("step", "ts"))
+    assert stored[0][1] == datetime(2026, 12, 3, 10, 1, tzinfo=UTC)
+    assert stored[1][1] == datetime(2026, 12, 3, 10, 0, 59, 999999, tzinfo=UTC)
+    assert sorted(StepMinute.objects.values_list("minute", "last_step")) == [
+        (datetime(2026, 12, 3, 10, 0, tzinfo=UTC), 2),
+        (datetime(2026, 12, 3, 10, 1, tzinfo=UTC), 1)]
+
+
+def test_rebuild_reproduces_what_ingest_maintained(ingested, token):
+    ingest_batch(batch(rank=0, host="other", run="run-2",
+                       steps=[(1, T0, 1.0, 1, 1.0, None)]), token=token)
+    other = Run.objects.get(name="run-2")
+    steps, gpus = stored_steps(ingested), stored_gpus(ingested)
+    other_steps = stored_steps(other)
+
+    counts = rollups.rebuild()
+
+    assert counts == {"step_minutes": len(steps) + 1, "gpu_minutes": len(gpus)}
+    assert_same(stored_steps(ingested), steps, STEP_NUMBERS, STEP_SUMS)
+    assert_same(stored_gpus(ingested), gpus, GPU_NUMBERS, GPU_SUMS)
+    assert stored_steps(other) == other_steps
+
+
+def test_rebuild_rollups_command_fills_rollups_of_rows_loaded_without_ingest(ingested, capsys):
+    steps, gpus = stored_steps(ingested), stored_gpus(ingested)
+    # As after a bulk load by COPY: raw rows but no rollups.
+    StepMinute.objects.all().delete()
+    GpuMinute.objects.all().delete()
+
+    call_command("rebuild_rollups", "--run", str(ingested.pk))
+
+    assert_same(stored_steps(ingested), steps, STEP_NUMBERS, STEP_SUMS)
+    assert_same(stored_gpus(ingested), gpus, GPU_NUMBERS, GPU_SUMS)
+    assert f"rebuilt run {ingested.pk}: {len(steps):,} step minutes" in capsys.readouterr().out
+
+
+def test_rebuild_of_one_run_leaves_the_others_alone(ingested, token):
+    ingest_batch(batch(rank=0, host="other", run="run-2",
+                       gpus=[(T0, 0, 1.0, 1.0, 1.0, 1.0, 0)]), token=token)
+    other = Run.objects.get(name="run-2")
+    GpuMinute.objects.filter(run=other).update(samples=99)  # wrong on purpose: must stay so
+
+    rollups.rebuild(ingested.pk)
+
+    assert GpuMinute.objects.get(run=other).samples == 99
+
+
+def test_rebuild_rollups_names_a_run_that_does_not_exist(db):
+    with pytest.raises(CommandError, match="no run with id 424242"):
+        call_command("rebuild_rollups", "--run", "424242")
+
+
+def test_embedded_mode_keeps_and_rebuilds_the_same_rollups(tmp_path):
+    """SQLite: bulk_create instead of COPY, scalar MAX()/MIN() in the upsert, the portable
+    rebuild. The child process asserts the rollups against the raw rows before and after
+    rebuilding."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL",
+                                                            "CELERY_TASK_ALWAYS_EAGER")}
+    env.update(DATABASE_URL=f"sqlite:///{tmp_path / 'embedded.sqlite3'}", PYTHONPATH=str(root),
+               DJANGO_SETTINGS_MODULE="dashboard.settings")
+    child = subprocess.run([sys.executable, "-m", "tests.collectors.embedded_rollups"], cwd=root,
+                           env=env, capture_output=True, text=True, timeout=180)
+    assert child.returncode == 0, child.stderr[-4000:]
+    seen = json.loads(child.stdout.strip().splitlines()[-1])
+
+    assert seen["stored"] == seen["batches"] == 32
+    assert (seen["steps"], seen["gpu_samples"]) == (4 * 8 * 50, 2 * 8 * 80)
+    assert seen["hosts"] == ["node-ö1", "node2"]
+    assert seen["step_minutes"] > 0 and seen["gpu_minutes"] > 0
+    assert seen["edge"] == ["2026-12-03T10:01:00+00:00", None, None, 1.5, {"accuracy": 0.25}]
