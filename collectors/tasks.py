@@ -68,3 +68,12 @@ def detect_stalls() -> dict[str, Any]:
 
     created = stalls.detect_stalls()
     return {"interruptions": [i.pk for i in created]}
+
+
+@shared_task(name="collectors.ensure_partitions", ignore_result=True, **RETRY_POLICY)
+def ensure_partitions() -> dict[str, Any]:
+    """Beat task: today's and the next days' partitions of the step and GPU-sample tables, so
+    ingest never has to create one on its hot path (collectors.partitions)."""
+    from collectors import partitions
+
+    return {"created": partitions.ensure_ahead()}

@@ -183,6 +183,8 @@ CELERY_BEAT_SCHEDULE = {
     "detect-stalls": {"task": "collectors.detect_stalls", "schedule": 30.0},
     # Window alert rules (stall, throughput, GPU heat, power, ETTR, checkpoints) and resolutions.
     "evaluate-alert-windows": {"task": "alerts.evaluate_windows", "schedule": 30.0},
+    # Day partitions of the sample tables, made days ahead (collectors.partitions).
+    "ensure-partitions": {"task": "collectors.ensure_partitions", "schedule": 3600.0},
 }
 
 # --- Alerts (collectors.alerts) ------------------------------------------------------------------
