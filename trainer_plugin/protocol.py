@@ -223,6 +223,10 @@ def _check_column(values: Any, field: str, kind: str, length: int | None,
     if len(values) > MAX_ROWS:
         raise BatchTooLarge(f"'{field}' has {len(values)} rows; a batch holds at most {MAX_ROWS}",
                             field)
+    if _column_is_valid(values, kind, maximum):
+        return len(values)
+    # Something is wrong (or unusual, like an int subclass): find the first offending value, one
+    # at a time, to say which it is.
     if kind == "ts":
         bad = next((i for i, v in enumerate(values)
                     if not _is_number(v) or not 0 <= v <= MAX_TIMESTAMP), None)
@@ -242,6 +246,47 @@ def _check_column(values: Any, field: str, kind: str, length: int | None,
     if bad is not None:
         raise ProtocolError(f"'{field}[{bad}]' must be {what} (got {values[bad]!r})", field)
     return len(values)
+
+
+_NONE = type(None)
+_TS_TYPES = frozenset({float, int})
+_INT_TYPES = frozenset({int})
+_OPTIONAL_INT_TYPES = frozenset({int, _NONE})
+_OPTIONAL_NUMBER_TYPES = frozenset({float, int, _NONE})
+
+
+def _column_is_valid(values: list, kind: str, maximum: int) -> bool:
+    """The common case of _check_column in a few passes of C-level builtins over the whole column
+    (types, a sum, min and max) instead of a Python test per value: a batch carries up to
+    MAX_ROWS values per column, and the per-value loop was a third of the collectors' ingest time.
+    True means valid; False means "look closer", never "invalid" by itself."""
+    if not values:
+        return True
+    types = set(map(type, values))  # exact types: bool, an int subclass, is not int here
+    # Nulls (and zeros, which are valid anyway) left out where the column may hold them.
+    present = (lambda: filter(None, values)) if _NONE in types else (lambda: values)
+    try:
+        if kind == "ts":
+            return (types <= _TS_TYPES and _all_finite(values, types)
+                    and min(values) >= 0 and max(values) <= MAX_TIMESTAMP)
+        if kind == "int":
+            return types == _INT_TYPES and min(values) >= 0 and max(values) <= maximum
+        if kind == "int?":
+            return (types <= _OPTIONAL_INT_TYPES and min(present(), default=0) >= 0
+                    and max(present(), default=0) <= maximum)
+        if not types <= _OPTIONAL_NUMBER_TYPES or not _all_finite(present(), types):
+            return False
+        # A finite float is in range; an int may not be (it has no float beyond MAX_NUMBER).
+        return int not in types or (min(present(), default=0) >= -MAX_NUMBER
+                                    and max(present(), default=0) <= MAX_NUMBER)
+    except (OverflowError, TypeError):  # an int too large for a float; incomparable values
+        return False
+
+
+def _all_finite(numbers, types: set) -> bool:
+    # A NaN or an infinity anywhere makes the sum NaN or infinite. The converse can fail (finite
+    # values whose sum overflows): then the caller looks value by value, which is exact.
+    return float not in types or math.isfinite(sum(numbers))
 
 
 def _validate_steps(steps: Any) -> None:
