@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard.views import alerts, failures, runs
+from dashboard.views import alerts, cluster_time, failures, runs
 
 urlpatterns = [
     path("", runs.runs_list, name="runs"),
@@ -13,6 +13,12 @@ urlpatterns = [
     path("runs/<int:run_id>/failures/<int:interruption_id>/label", failures.label_interruption,
          name="label_interruption"),
     path("runs/<int:run_id>/checkpoints/", failures.run_checkpoints, name="run_checkpoints"),
+    path("runs/<int:run_id>/time-of-day/", cluster_time.run_time_of_day, name="run_time_of_day"),
+    path("runs/<int:run_id>/time-of-day.json", cluster_time.run_time_of_day_json,
+         name="run_time_of_day_json"),
+    path("runs/<int:run_id>/stragglers/", cluster_time.run_stragglers, name="run_stragglers"),
+    path("runs/<int:run_id>/stragglers.json", cluster_time.run_stragglers_json,
+         name="run_stragglers_json"),
     path("alerts/", alerts.alerts_page, name="alerts"),
     path("alerts/history/", alerts.history, name="alert_history"),
     path("alerts/rules/new", alerts.rule_new, name="alert_rule_new"),
