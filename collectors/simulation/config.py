@@ -60,8 +60,9 @@ class SimConfig:
     site_timezone: str = "America/Chicago"
     #: GPU telemetry period, seconds. NVML runs at 1 Hz on a real job; 10 s keeps a backfill small.
     sample_interval_s: float = 10.0
-    #: Seconds between batches from one rank (the plugin's flush interval).
-    flush_interval_s: float = 60.0
+    #: Seconds of a backfill one batch of one rank covers. The plugin flushes every few seconds; a
+    #: backfill sends an hour per batch, because every batch costs the collectors a transaction.
+    flush_interval_s: float = 3600.0
     #: Nominal step time at the coolest hour of the day, seconds.
     step_time_s: float = 6.0
     tokens_per_step: int = 4_194_304  # 4M-token global batch, per step
@@ -91,9 +92,12 @@ class SimConfig:
     stragglers: int = 2
     straggler_slowdown: float = 0.08  # the slow rank's own compute takes 8% longer
     hot_gpus: int = 2
-    hot_extra_c: float = 14.0
-    #: Whether hot GPUs hit the thermal limit and report throttle bits.
+    #: How much hotter a hot GPU runs than its neighbours (a blocked air path, a dried-out pad).
+    hot_extra_c: float = 21.0
+    #: Whether hot GPUs hit the thermal limit and report throttle bits (they do in the warm hours).
     hot_gpus_throttle: bool = True
+    #: Board temperature at which the driver slows the clocks (SW thermal slowdown).
+    thermal_limit_c: float = 83.0
     #: Ranks that send step rows; None = every rank when gpus <= 64, else local rank 0 of each host
     #: plus every straggler (the CLI's default for large clusters).
     step_ranks: list[int] | None = None
