@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard.views import alerts, cluster_time, failures, runs
+from dashboard.views import alerts, cluster, cluster_time, failures, runs
 
 urlpatterns = [
     path("", runs.runs_list, name="runs"),
@@ -13,6 +13,10 @@ urlpatterns = [
     path("runs/<int:run_id>/failures/<int:interruption_id>/label", failures.label_interruption,
          name="label_interruption"),
     path("runs/<int:run_id>/checkpoints/", failures.run_checkpoints, name="run_checkpoints"),
+    path("runs/<int:run_id>/power/", cluster.run_power, name="run_power"),
+    path("runs/<int:run_id>/power.json", cluster.run_power_json, name="run_power_json"),
+    path("runs/<int:run_id>/gpus/", cluster.run_gpu_health, name="run_gpu_health"),
+    path("runs/<int:run_id>/gpus.json", cluster.run_gpu_health_json, name="run_gpu_health_json"),
     path("runs/<int:run_id>/time-of-day/", cluster_time.run_time_of_day, name="run_time_of_day"),
     path("runs/<int:run_id>/time-of-day.json", cluster_time.run_time_of_day_json,
          name="run_time_of_day_json"),

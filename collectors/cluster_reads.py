@@ -1,0 +1,221 @@
+"""The reads behind a run's Power and GPU health pages: per-minute rollups for whole runs, raw GPU
+samples only for bounded windows, and the happenings (checkpoints, interruptions, restarts, step
+gaps) that explain a power swing. Rows in, arrays and facts out; collectors.analysis.power and
+.gpu_health say what they mean.
+
+Raw GPU samples are the largest table (a 512-GPU run at 1 Hz writes 44 M rows a day), so nothing
+here reads them for more than the window it is given, along the (run, ts) index. On PostgreSQL the
+reads are plain SQL returning epoch floats (no datetime objects per row); elsewhere (the embedded
+mode's SQLite) they go through the ORM."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+from django.db import connection
+from django.db.models import Count, F, FloatField, Max, Min, Sum
+from django.db.models.functions import Cast
+
+from collectors.analysis import gpu_health, power
+from collectors.analysis.power import Happening
+from collectors.models import (
+    Attempt,
+    Checkpoint,
+    Event,
+    GpuMinute,
+    GpuSample,
+    Interruption,
+    Run,
+    StepMetric,
+)
+from collectors.timestamps import from_epoch, to_epoch
+
+
+@dataclass(frozen=True)
+class RawPower:
+    """Raw power samples of a window: Unix seconds, an integer id per (host, gpu), watts."""
+
+    ts: np.ndarray
+    gpu: np.ndarray
+    power_w: np.ndarray
+
+
+def raw_power(run: Run, start: float, end: float) -> RawPower:
+    """Every power sample of the run with start <= ts <= end."""
+    if connection.vendor == "postgresql":
+        sql = (f"SELECT extract(epoch FROM ts), host, gpu, power_w FROM {GpuSample._meta.db_table} "
+               "WHERE run_id = %s AND ts >= %s AND ts <= %s AND power_w IS NOT NULL")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [run.pk, from_epoch(start), from_epoch(end)])
+            rows = cursor.fetchall()
+        rows = [(float(ts), host, gpu, watts) for ts, host, gpu, watts in rows]
+    else:
+        rows = [(ts.timestamp(), host, gpu, watts) for ts, host, gpu, watts in
+                GpuSample.objects.filter(run=run, ts__gte=from_epoch(start), ts__lte=from_epoch(end),
+                                         power_w__isnull=False)
+                .values_list("ts", "host", "gpu", "power_w")]
+    if not rows:
+        return RawPower(np.empty(0), np.empty(0, dtype=np.int64), np.empty(0))
+    ts, hosts, gpus, watts = zip(*rows, strict=True)
+    _, host_id = np.unique(np.array(hosts, dtype=object), return_inverse=True)
+    return RawPower(np.array(ts, dtype=np.float64),
+                    host_id.astype(np.int64) * 65_536 + np.array(gpus, dtype=np.int64),
+                    np.array(watts, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class MinuteRows:
+    minutes: power.MinutePower
+    samples: np.ndarray  # raw samples per minute (all GPUs)
+
+
+def minute_power(run: Run) -> MinuteRows:
+    """The run's cluster power per minute from GpuMinute (mean, upper and lower bound, GPUs)."""
+    rows = list(
+        GpuMinute.objects.filter(run=run, power_n__gt=0).values("minute")
+        .annotate(mean=Sum(F("power_sum") / Cast("power_n", FloatField())),
+                  upper=Sum("power_max"), lower=Sum("power_min"), gpus=Count("id"),
+                  samples=Sum("samples"))
+        .order_by("minute").values_list("minute", "mean", "upper", "lower", "gpus", "samples")
+    )
+    if not rows:
+        return MinuteRows(power.minute_power([], [], [], [], []), np.empty(0, dtype=np.int64))
+    minute, mean, upper, lower, gpus, samples = zip(*rows, strict=True)
+    minutes = power.minute_power([m.timestamp() for m in minute],
+                                 np.array(mean, dtype=float) / 1000,
+                                 np.array(upper, dtype=float) / 1000,
+                                 np.array(lower, dtype=float) / 1000, gpus)
+    index = np.round((np.array([m.timestamp() for m in minute]) - minutes.series.start) / 60)
+    per_minute = np.zeros(len(minutes.series), dtype=np.int64)
+    per_minute[index.astype(np.int64)] = samples
+    return MinuteRows(minutes, per_minute)
+
+
+def happenings(run: Run, start: float, end: float, *, min_gap_s: float = 60.0,
+               gap_windows: Sequence[tuple[float, float]] | None = None) -> list[Happening]:
+    """Checkpoints (saves and loads merged over ranks, their blocking span), interruptions,
+    attempt starts (to the attempt's first step) within [start, end]; then stalls: gaps in step
+    completions longer than ``min_gap_s`` inside ``gap_windows`` (default: the whole range) that
+    none of those explain."""
+    lo, hi = from_epoch(start), from_epoch(end)
+    found: list[Happening] = []
+    saves = (Checkpoint.objects.filter(run=run, ts__gte=lo, ts__lte=hi)
+             .values("attempt__number", "kind", "step")
+             .annotate(first=Min("ts"), last=Max("ts"), longest=Max("duration_s")))
+    for c in saves:
+        began = c["first"].timestamp() - (c["longest"] or 0.0)
+        what = "save" if c["kind"] == Checkpoint.Kind.SAVE else "load"
+        step = f" of step {c['step']}" if c["step"] is not None else ""
+        found.append(Happening("checkpoint", began, c["last"].timestamp(), f"checkpoint {what}{step}"))
+    for i in Interruption.objects.filter(run=run, ts__gte=lo, ts__lte=hi).select_related("attempt"):
+        found.append(Happening("interruption", i.ts.timestamp(), i.ts.timestamp(),
+                               f"{i.effective_category} ({i.source}), attempt {i.attempt.number}"))
+    attempts = list(Attempt.objects.filter(run=run).order_by("number"))
+    first_number = attempts[0].number if attempts else None
+    for a in attempts:
+        if a.started_at is None or not (lo <= a.started_at <= hi):
+            continue
+        first_step = (StepMetric.objects.filter(run=run, attempt=a, ts__gte=a.started_at)
+                      .order_by("ts").values_list("ts", flat=True).first())
+        until = first_step.timestamp() if first_step else a.started_at.timestamp()
+        kind = "start" if a.number == first_number else "restart"
+        found.append(Happening(kind, a.started_at.timestamp(), until,
+                               f"attempt {a.number} {'started' if kind == 'start' else 'restarted'}"))
+    for w0, w1 in gap_windows if gap_windows is not None else [(start, end)]:
+        steps = step_times(run, w0, w1)
+        found.extend(power.stall_happenings(power.step_gaps(steps, min_gap_s), found))
+    return found
+
+
+def step_times(run: Run, start: float, end: float) -> np.ndarray:
+    """End times of every rank's steps within [start, end], Unix seconds."""
+    stamps = (StepMetric.objects.filter(run=run, ts__gte=from_epoch(start), ts__lte=from_epoch(end))
+              .values_list("ts", flat=True))
+    return np.array([t.timestamp() for t in stamps], dtype=np.float64)
+
+
+def median_step_s(run: Run) -> float | None:
+    """The run's median step duration over its newest 2,000 step rows (cheap, along the index)."""
+    durations = sorted(
+        d for d in StepMetric.objects.filter(run=run, duration_s__isnull=False)
+        .order_by("-ts").values_list("duration_s", flat=True)[:2000])
+    return durations[len(durations) // 2] if durations else None
+
+
+# --- GPU health ---------------------------------------------------------------------------------
+
+_CELLS_SQL = """
+SELECT host, gpu, floor(extract(epoch FROM minute) / %(bucket)s) * %(bucket)s AS bucket,
+       sum(samples), sum(temp_n), sum(temp_sum), max(temp_max), sum(power_n), sum(power_sum),
+       max(power_max), sum(throttled) FILTER (WHERE throttle_bits & %(mask)s != 0),
+       bit_or(throttle_bits)
+FROM {table}
+WHERE run_id = %(run)s
+GROUP BY host, gpu, bucket
+"""
+
+
+def gpu_span(run: Run) -> tuple[float, float] | None:
+    found = GpuMinute.objects.filter(run=run).aggregate(first=Min("minute"), last=Max("minute"))
+    if found["first"] is None:
+        return None
+    return found["first"].timestamp(), found["last"].timestamp() + 60.0
+
+
+def gpu_cells(run: Run, bucket_s: int) -> list[gpu_health.GpuCell]:
+    """GpuMinute re-aggregated per (host, gpu, bucket of ``bucket_s`` seconds); ``throttled``
+    counts only minutes whose bits include a throttling reason (analysis.gpu_health)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_CELLS_SQL.format(table=GpuMinute._meta.db_table),
+                           {"run": run.pk, "bucket": bucket_s, "mask": gpu_health.THROTTLING_MASK})
+            rows = cursor.fetchall()
+        return [gpu_health.GpuCell(host=host, gpu=gpu, bucket=float(bucket), samples=int(samples),
+                                   temp_n=int(temp_n or 0), temp_sum=temp_sum or 0.0,
+                                   temp_max=temp_max, power_n=int(power_n or 0),
+                                   power_sum=power_sum or 0.0, power_max=power_max,
+                                   throttled=int(throttled or 0), throttle_bits=int(bits or 0))
+                for host, gpu, bucket, samples, temp_n, temp_sum, temp_max, power_n, power_sum,
+                power_max, throttled, bits in rows]
+    return _gpu_cells_portable(run, bucket_s)
+
+
+def _gpu_cells_portable(run: Run, bucket_s: int) -> list[gpu_health.GpuCell]:
+    totals: dict[tuple, dict] = {}
+    for m in GpuMinute.objects.filter(run=run).iterator():
+        bucket = (m.minute.timestamp() // bucket_s) * bucket_s
+        t = totals.setdefault((m.host, m.gpu, bucket), {
+            "samples": 0, "temp_n": 0, "temp_sum": 0.0, "temp_max": None, "power_n": 0,
+            "power_sum": 0.0, "power_max": None, "throttled": 0, "bits": 0})
+        t["samples"] += m.samples
+        t["temp_n"] += m.temp_n
+        t["temp_sum"] += m.temp_sum
+        t["temp_max"] = m.temp_max if t["temp_max"] is None else max(t["temp_max"], m.temp_max or 0)
+        t["power_n"] += m.power_n
+        t["power_sum"] += m.power_sum
+        t["power_max"] = m.power_max if t["power_max"] is None else max(t["power_max"],
+                                                                         m.power_max or 0)
+        if m.throttle_bits & gpu_health.THROTTLING_MASK:
+            t["throttled"] += m.throttled
+        t["bits"] |= m.throttle_bits
+    return [gpu_health.GpuCell(host=host, gpu=gpu, bucket=bucket, samples=t["samples"],
+                               temp_n=t["temp_n"], temp_sum=t["temp_sum"], temp_max=t["temp_max"],
+                               power_n=t["power_n"], power_sum=t["power_sum"],
+                               power_max=t["power_max"], throttled=t["throttled"],
+                               throttle_bits=t["bits"])
+            for (host, gpu, bucket), t in totals.items()]
+
+
+def gpu_events(run: Run, limit: int = 1000) -> list[gpu_health.GpuEvent]:
+    """The run's newest ``limit`` XID and ECC events."""
+    rows = (Event.objects.filter(run=run, kind__in=("xid", "ecc")).order_by("-ts")
+            .values_list("ts", "host", "kind", "payload")[:limit])
+    return [gpu_health.gpu_event(ts.timestamp(), host, kind, payload)
+            for ts, host, kind, payload in rows]
+
+
+def epoch(value: datetime | None) -> float | None:
+    return to_epoch(value)
