@@ -76,9 +76,26 @@ class IngestedBatchAdmin(admin.ModelAdmin):
 
 @admin.register(RejectedBatch)
 class RejectedBatchAdmin(admin.ModelAdmin):
-    list_display = ("received_at", "project", "batch_id", "reason")
-    search_fields = ("batch_id", "project", "reason")
-    readonly_fields = ("received_at", "project", "batch_id", "reason", "field", "excerpt")
+    """The dead-letter list: what the collectors refused and why. A record of what happened, so
+    nobody adds or edits one here; deleting old ones is allowed."""
+
+    list_display = ("received_at", "reason_short", "field", "project", "batch_id")
+    list_filter = ("project", "field", ("received_at", admin.DateFieldListFilter))
+    search_fields = ("batch_id", "project", "reason", "field")
+    date_hierarchy = "received_at"
+    fields = ("received_at", "project", "batch_id", "field", "reason", "excerpt")
+    readonly_fields = fields
+    list_per_page = 50
+
+    @admin.display(description="Reason", ordering="reason")
+    def reason_short(self, obj: RejectedBatch) -> str:
+        return obj.reason if len(obj.reason) <= 120 else obj.reason[:119] + "…"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(ClassificationRule)

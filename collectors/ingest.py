@@ -5,6 +5,7 @@ is delivered again (a retry, a redelivery after a killed worker) writes nothing 
 from __future__ import annotations
 
 import logging
+import reprlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -77,17 +78,30 @@ def authorize(token: str | None, project_slug: str) -> IngestToken:
     return found
 
 
+# Depth and size bounded: a refused batch may be nested thousands deep or megabytes long.
+_EXCERPT = reprlib.Repr()
+_EXCERPT.maxlevel, _EXCERPT.maxdict, _EXCERPT.maxlist = 6, 12, 12
+_EXCERPT.maxstring = _EXCERPT.maxother = 200
+
+
+def _storable(text: Any, limit: int) -> str:
+    """Text PostgreSQL accepts whatever the sender put in it: NUL and lone surrogates escaped."""
+    text = text if isinstance(text, str) else _EXCERPT.repr(text)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\x00", "\\x00")[:limit]
+
+
 def record_rejection(batch: Any, reason: str, field: str | None = None) -> None:
     """Keeps a refused batch's id and reason where an admin can see them."""
     batch_id = project = ""
     if isinstance(batch, dict):
-        batch_id = str(batch.get("batch_id", ""))[:64]
+        batch_id = _storable(batch.get("batch_id", ""), 64)
         run = batch.get("run")
         if isinstance(run, dict):
-            project = str(run.get("project", ""))[:100]
+            project = _storable(run.get("project", ""), 100)
     RejectedBatch.objects.create(
-        batch_id=batch_id, project=project, reason=reason[:2000], field=(field or "")[:200],
-        excerpt=repr(batch)[:1000],
+        batch_id=batch_id, project=project, reason=_storable(reason, 2000),
+        field=_storable(field or "", 200), excerpt=_storable(_EXCERPT.repr(batch), 1000),
     )
 
 

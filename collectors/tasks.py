@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from celery import shared_task
-from django.db import InterfaceError, OperationalError
+from django.db import DataError, InterfaceError, OperationalError
 
 from collectors.ingest import Refused, authorize, record_rejection, store_batch
 from trainer_plugin.protocol import ProtocolError, validate_batch
@@ -44,7 +44,20 @@ def ingest_batch(batch: Any, token: str | None = None) -> dict[str, Any]:
         log.warning("refused batch: %s", error)
         record_rejection(batch, str(error), "token")
         return {"rejected": str(error)}
-    result = store_batch(batch, project_id)
+    except RecursionError:
+        # Only the broker path can deliver this: the HTTP API's JSON parser refuses it first.
+        reason = "batch is nested too deeply to be a v1 batch"
+        record_rejection(batch, reason, "batch")
+        return {"rejected": reason}
+    try:
+        result = store_batch(batch, project_id)
+    except DataError as error:
+        # A value the validator let through but the database refuses: a validator gap, kept in the
+        # dead-letter list for an admin to see rather than lost in a failed task's log.
+        log.exception("batch %s refused by the database", batch["batch_id"])
+        reason = f"the database refused a value of this batch: {str(error).splitlines()[0]}"
+        record_rejection(batch, reason, None)
+        return {"rejected": reason}
     return {"stored": result.stored, "run_id": result.run_id, "steps": result.steps,
             "gpu_samples": result.gpu_samples, "events": result.events}
 

@@ -1,0 +1,20 @@
+"""Fixtures of the security and bad-input tests: the collectors' project and tokens, the dashboard's
+personas, and the end-to-end Celery worker, shared from their own suites."""
+
+from __future__ import annotations
+
+from tests.collectors.conftest import other_token, project, token  # noqa: F401
+from tests.dashboard.conftest import (  # noqa: F401
+    clients,
+    fast_password_hashing,
+    llm_run,
+    now,
+    projects,
+    users,
+    vision_run,
+)
+from tests.e2e.conftest import (  # noqa: F401
+    broker_url_session,
+    celery_worker_process,
+    worker_env,
+)
