@@ -1,6 +1,7 @@
 # Runwatch developer commands. Needs only python3.11 on PATH; everything else goes into .venv.
 #   make demo       dashboard on http://127.0.0.1:8000 with a 2-rank training job streaming to it
-#   make test       the whole suite against real PostgreSQL, Redis and Chromium
+#   make test       the whole suite against real PostgreSQL, Redis and Chromium, but the long fault tests
+#   make test-faults  faults during a real training run and 200-rank load (~10 min, private servers)
 #   make test-fast  the same without the browser and end-to-end tests
 #   make lint       ruff
 
@@ -19,7 +20,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/14
 PYTEST_ARGS ?=
 TEST_ENV := DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL)
 
-.PHONY: venv demo test test-fast lint clean
+.PHONY: venv demo test test-fast test-faults lint clean
 
 venv: $(STAMP)
 
@@ -37,7 +38,14 @@ demo: venv
 
 test: venv
 	scripts/ensure_services.sh
-	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -m "not faults" $(PYTEST_ARGS)
+
+# Redis, PostgreSQL, workers and the ingest API stopped or killed under a real torchrun job, and
+# 200 ranks of load; each test starts its own servers (needs redis-server, initdb, pg_ctl) and
+# writes its row of docs/reliability.md. Two 60 s outages and a 2 min load: about 10 minutes.
+test-faults: venv
+	scripts/ensure_services.sh --no-browser
+	$(TEST_ENV) $(BIN)/python -m pytest -m faults $(PYTEST_ARGS)
 
 test-fast: venv
 	scripts/ensure_services.sh --no-browser
