@@ -83,6 +83,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # PostgreSQL JIT-compiles a plan whose estimated cost is high, and estimates over the
+    # partitioned sample tables often are: 3.3 s of compilation for a runs-list query that runs in
+    # 25 ms (bench/README.md, "Dashboard at scale"). Dashboard and ingest queries are short.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("options", "-c jit=off")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
