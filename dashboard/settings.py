@@ -156,6 +156,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=600),
 }
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Without this, Celery's Django fixup closes the database connection before and after every task,
+# so each batch paid for a new PostgreSQL session (bench/README.md, "End-to-end ingest"). Workers
+# keep their connection instead, and dashboard/celery.py treats each task as Django treats a
+# request: the connection is dropped after an error, when older than CONN_MAX_AGE, or when its
+# health check fails. 0 brings back a new connection per task.
+CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 
 # --- Runwatch -----------------------------------------------------------------------------------
 # A run is shown as "stalled" when nothing arrived from it for this long.
