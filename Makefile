@@ -81,3 +81,13 @@ $(BENCH_STAMP):
 
 bench-plugin: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/plugin_overhead.py $(BENCH_ARGS)
+
+# End to end: plugin batches → Redis → Celery workers → PostgreSQL, beside raw psycopg COPY and an
+# MLflow tracking server (from .venv-bench) in the same run; see bench/README.md. Needs the
+# PostgreSQL at BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432) and redis-server on PATH.
+# About 8 minutes; BENCH_ARGS="--quick" takes under 2.
+#   make bench-ingest BENCH_ARGS="--json /tmp/ingest.json"
+.PHONY: bench-ingest
+bench-ingest: venv $(BENCH_STAMP)
+	TEST_BROKER_URL=redis://127.0.0.1:6379/0 scripts/ensure_services.sh --no-browser
+	$(BIN)/python bench/ingest_e2e.py $(BENCH_ARGS)
