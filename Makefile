@@ -89,5 +89,5 @@ bench-plugin: $(BENCH_STAMP)
 #   make bench-ingest BENCH_ARGS="--json /tmp/ingest.json"
 .PHONY: bench-ingest
 bench-ingest: venv $(BENCH_STAMP)
-	TEST_BROKER_URL=redis://127.0.0.1:6379/0 scripts/ensure_services.sh --no-browser
+	scripts/ensure_services.sh --no-browser
 	$(BIN)/python bench/ingest_e2e.py $(BENCH_ARGS)
