@@ -157,3 +157,19 @@ class BatchMaker:
                             "world_size": plan.world_size},
                     steps=tables["steps"], gpus=tables["gpus"], events=tables["events"],
                 )
+
+    def finish(self, ts: float) -> Iterator[dict[str, Any]]:
+        """A ``finish`` event from every sending rank at ``ts``: the run was stopped there."""
+        plan = self.plan
+        state, attempt = plan.state_at(np.array([ts]))
+        number = int(attempt[0])
+        for rank in self.senders:
+            host, local = divmod(rank, GPUS_PER_HOST)
+            yield protocol.make_batch(
+                batch_id=batch_id(plan, rank, number, -ts),
+                run={"project": plan.config.project, "name": plan.config.run_name,
+                     "attempt": number, "config": self.run_config},
+                source={"host": plan.host_name(host), "rank": rank, "local_rank": local,
+                        "world_size": plan.world_size},
+                events=[{"kind": "finish", "ts": round(ts, 3), "status": "finished"}],
+            )

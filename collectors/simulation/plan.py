@@ -119,7 +119,8 @@ def default_step_ranks(config: SimConfig, stragglers: list[int]) -> list[int]:
     keeps a 512-GPU, 3-day backfill to minutes and still lets stragglers stand out."""
     world = config.world_size
     if config.step_ranks is not None:
-        return sorted({r for r in config.step_ranks if 0 <= r < world} | {0})
+        # The slow ranks always report: a straggler nobody can see is no planted fact.
+        return sorted({r for r in config.step_ranks if 0 <= r < world} | {0} | set(stragglers))
     if config.gpus <= 16:
         return list(range(world))
     return sorted({h * GPUS_PER_HOST for h in range(config.hosts)} | set(stragglers))

@@ -119,28 +119,42 @@ def run_simulation(config: SimConfig, *, token: str | None = None,
     run, token = _prepare_run(config, token)
 
     rows = {"batches": 0, "steps": 0, "gpu_samples": 0, "events": 0}
+
+    def send(batch: dict) -> None:
+        rows["batches"] += 1
+        rows["steps"] += len(batch["steps"]["step"])
+        rows["gpu_samples"] += len(batch["gpus"]["ts"])
+        rows["events"] += len(batch["events"])
+        if config.via_broker:
+            protocol.validate_batch(batch)
+            ingest_batch.delay(batch, token=token)
+        else:
+            result = ingest_batch(batch, token=token)
+            if "rejected" in result:
+                raise SimulationError(f"the collectors rejected a simulated batch: "
+                                      f"{result['rejected']}")
+
     span = max(plan.end - plan.start, 1e-9)
     live_from = now if config.live else None
-    for index, (w0, w1) in enumerate(_windows(plan.start, plan.end, config.flush_interval_s,
-                                              live_from)):
-        if live_from is not None and w1 > live_from:
-            # The plugin sends a window once it has passed.
-            delay = w1 - time.time()
-            if delay > 0:
-                time.sleep(delay)
-        for batch in maker.window(w0, w1, index):
-            rows["batches"] += 1
-            rows["steps"] += len(batch["steps"]["step"])
-            rows["gpu_samples"] += len(batch["gpus"]["ts"])
-            rows["events"] += len(batch["events"])
-            if config.via_broker:
-                protocol.validate_batch(batch)
-                ingest_batch.delay(batch, token=token)
-            else:
-                result = ingest_batch(batch, token=token)
-                if "rejected" in result:
-                    raise SimulationError(f"the collectors rejected a simulated batch: "
-                                          f"{result['rejected']}")
-        if progress is not None:
-            progress(min(1.0, (w1 - plan.start) / span))
+    sent_until = plan.start
+    try:
+        for index, (w0, w1) in enumerate(_windows(plan.start, plan.end, config.flush_interval_s,
+                                                  live_from)):
+            if live_from is not None and w1 > live_from:
+                # The plugin sends a window once it has passed.
+                delay = w1 - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+            for batch in maker.window(w0, w1, index):
+                send(batch)
+            sent_until = w1
+            if progress is not None:
+                progress(min(1.0, (w1 - plan.start) / span))
+    except KeyboardInterrupt:
+        if config.live and sent_until < plan.end:
+            # Stopped by hand: the job finishes where it was, as a stopped training job's plugin
+            # says, so the run does not look hung.
+            for batch in maker.finish(sent_until):
+                send(batch)
+        raise
     return ground_truth(plan, run.pk, rows)
