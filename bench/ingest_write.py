@@ -1,9 +1,17 @@
-"""How fast one collector process stores batches: the ingest task's write path (validate,
-authorize, claim the batch id, COPY) against the database named by DATABASE_URL, beside a bare
-psycopg binary COPY of the same GPU-sample rows into a scratch table, measured in the same run.
+"""How fast one collector process stores batches: the ingest task's whole per-batch work
+(validate, authorize, claim the batch id, binary COPY, rollups, run/attempt updates, commit)
+against the database named by DATABASE_URL, beside a bare psycopg binary COPY of the same GPU rows
+into a scratch table, measured in the same run, alternating.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/runwatch_bench python bench/ingest_write.py
+    DATABASE_URL=... python bench/ingest_write.py --quick        # ~20 s, for development
+    DATABASE_URL=... python bench/ingest_write.py --profile      # and where the time goes
     DATABASE_URL=sqlite:///var/bench.sqlite3 python bench/ingest_write.py   # the embedded mode
+
+Two shapes of batch: large ones (--rows GPU rows, or step rows, per batch: the per-row cost) and
+the shape bench/ingest_e2e.py sends (one host's 8 GPUs for 60 s = 480 GPU samples plus 60 step
+rows: the per-batch cost counts too). The task is called directly in this process: no broker, no
+Celery, so this is the ceiling of one worker process, not the end-to-end figure.
 
 It migrates the database it is given and leaves its rows there: point it at a scratch database.
 """
@@ -11,73 +19,152 @@ It migrates the database it is given and leaves its rows there: point it at a sc
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 
+GPU_TYPES = ["int8", "int8", "varchar", "int2", "timestamptz", "float8", "float8", "float8",
+             "float8", "float8", "int8", "bool"]
 
-def gpu_batch(project: str, run: str, rows: int, t0: float) -> dict:
+
+def gpu_batch(project: str, run: str, rows: int, t0: float, host: str = "node000") -> dict:
     from trainer_plugin import protocol
 
     gpus = {"ts": [t0 + i // 8 for i in range(rows)], "gpu": [i % 8 for i in range(rows)],
-            "temp_c": [65.0] * rows, "power_w": [650.0] * rows, "util_pct": [99.0] * rows,
-            "mem_used_mb": [70000.0] * rows, "sm_clock_mhz": [1980.0] * rows,
-            "throttle": [0] * rows, "simulated": True}
+            "temp_c": [60.0 + (i * 7 % 23) * 0.5 for i in range(rows)],
+            "power_w": [550.0 + (i * 13 % 31) * 5.0 for i in range(rows)],
+            "util_pct": [99.0] * rows, "mem_used_mb": [70000.0] * rows,
+            "sm_clock_mhz": [1980.0 - (i % 4) * 15.0 for i in range(rows)],
+            "throttle": [0 if i % 50 else 4 for i in range(rows)], "simulated": True}
     return protocol.make_batch(run={"project": project, "name": run, "attempt": 0},
-                               source={"host": "node000", "rank": 0, "local_rank": 0,
+                               source={"host": host, "rank": 0, "local_rank": 0,
                                        "world_size": 8}, gpus=gpus)
 
 
-def step_batch(project: str, run: str, rows: int, first: int, t0: float) -> dict:
+def step_batch(project: str, run: str, rows: int, first: int, t0: float, rank: int = 0) -> dict:
     from trainer_plugin import protocol
 
     steps = {"step": list(range(first, first + rows)), "ts": [t0 + i for i in range(rows)],
-             "duration_s": [0.9] * rows, "tokens": [4096] * rows,
-             "metrics": {"loss": [2.0] * rows, "lr": [3e-4] * rows, "grad_norm": [1.0] * rows}}
+             "duration_s": [0.9 + (i % 7) * 0.01 for i in range(rows)], "tokens": [4096] * rows,
+             "metrics": {"loss": [2.0 + (i % 11) * 0.01 for i in range(rows)],
+                         "lr": [3e-4] * rows, "grad_norm": [1.0] * rows}}
     return protocol.make_batch(run={"project": project, "name": run, "attempt": 0},
-                               source={"host": "node000", "rank": 0, "local_rank": 0,
-                                       "world_size": 8}, steps=steps)
+                               source={"host": f"node{rank // 8:05d}", "rank": rank,
+                                       "local_rank": rank % 8, "world_size": 16_384},
+                               steps=steps)
 
 
-def bare_copy_rate(rows: int, repeats: int) -> float | None:
-    from django.db import connection
+def host_minute_batch(project: str, run: str, sequence: int, t0: float, hosts: int = 2048) -> dict:
+    """bench/ingest_e2e.py's shape: host ``sequence % hosts``'s next minute, 8 GPUs at 1 Hz and
+    one step per second, carrying the run's config as the plugin does."""
+    host, window = sequence % hosts, sequence // hosts
+    start = t0 + window * 60
+    batch = step_batch(project, run, 60, window * 60, start, rank=host * 8)
+    gpus = gpu_batch(project, run, 480, start)["gpus"]
+    batch["gpus"] = gpus
+    batch["source"]["host"] = f"node{host:05d}"
+    batch["run"]["config"] = {"model": "llama-405b", "bench": True}
+    return batch
 
-    if connection.vendor != "postgresql":
-        return None
+
+def bare_copy(rows: int, t0: float) -> float:
+    """Seconds for psycopg's own binary COPY (write_row per row) of ``rows`` GPU rows into a
+    temporary table with the same columns and no index: the ceiling of the database side."""
     from datetime import UTC, datetime
 
-    t0 = time.time()
+    from django.db import connection
+
     data = [(1, 1, "node000", i % 8, datetime.fromtimestamp(t0 + i // 8, tz=UTC), 65.0, 650.0,
              99.0, 70000.0, 1980.0, 0, True) for i in range(rows)]
-    rates = []
     with connection.cursor() as cursor:
         raw = cursor.cursor
         raw.execute("CREATE TEMP TABLE IF NOT EXISTS bench_gpu (LIKE collectors_gpusample "
                     "INCLUDING DEFAULTS)")
         raw.execute("ALTER TABLE bench_gpu DROP COLUMN IF EXISTS id")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            with raw.copy("COPY bench_gpu (run_id, attempt_id, host, gpu, ts, temp_c, power_w, "
-                          "util_pct, mem_used_mb, sm_clock_mhz, throttle, simulated) FROM STDIN "
-                          "(FORMAT BINARY)") as copy:
-                copy.set_types(["int8", "int8", "varchar", "int2", "timestamptz", "float8",
-                                "float8", "float8", "float8", "float8", "int8", "bool"])
-                for row in data:
-                    copy.write_row(row)
-            rates.append(rows / (time.perf_counter() - start))
-    return statistics.median(rates)
+        start = time.perf_counter()
+        with raw.copy("COPY bench_gpu (run_id, attempt_id, host, gpu, ts, temp_c, power_w, "
+                      "util_pct, mem_used_mb, sm_clock_mhz, throttle, simulated) FROM STDIN "
+                      "(FORMAT BINARY)") as copy:
+            copy.set_types(GPU_TYPES)
+            for row in data:
+                copy.write_row(row)
+        elapsed = time.perf_counter() - start
+        raw.execute("TRUNCATE bench_gpu")
+    return elapsed
+
+
+def timed_task(batch: dict, token: str) -> float:
+    from collectors.tasks import ingest_batch
+
+    start = time.perf_counter()
+    result = ingest_batch(batch, token=token)
+    elapsed = time.perf_counter() - start
+    assert result.get("stored"), result
+    return elapsed
+
+
+def fmt(rates: list[float]) -> str:
+    return f"{statistics.median(rates):>10,.0f} [{min(rates):,.0f}..{max(rates):,.0f}]"
+
+
+# Where a batch's time goes: the functions whose cumulative time makes up each phase.
+PHASES = (
+    ("validate (protocol.validate_batch)", ("protocol.py", "validate_batch")),
+    ("authorize (token lookup)", ("ingest.py", "authorize")),
+    ("run/attempt ids (cache check)", ("ingest.py", "_place")),
+    ("claim the batch id", ("ingest.py", "_claim")),
+    ("numpy columns and rollup aggregates", ("ingest.py", "_gpu_table"), ("ingest.py", "_step_table"),
+     ("ingest.py", "_event_table")),
+    ("binary COPY (payload + server)", ("bulk_write.py", "write")),
+    ("  of which building the payload", ("bulk_write.py", "copy_payload")),
+    ("rollup upserts", ("rollups.py", "add_steps"), ("rollups.py", "add_gpus")),
+    ("run/attempt UPDATEs", ("ingest.py", "_update_run_and_attempt")),
+    ("commit", ("transaction.py", "__exit__")),
+)
+
+
+def profile(batches: list[dict], token: str) -> None:
+    from collectors.tasks import ingest_batch
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for batch in batches:
+        ingest_batch(batch, token=token)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    total = sum(ct for (file, _, name), (_, _, _, ct, _) in stats.items()
+                if file.endswith("tasks.py") and name == "ingest_batch")
+
+    def cumulative(file_suffix: str, function: str) -> float:
+        return sum(ct for (file, _, name), (_, _, _, ct, _) in stats.items()
+                   if file.endswith(file_suffix) and name == function)
+
+    print(f"  profile of {len(batches)} batches (cProfile inflates Python-heavy phases):")
+    for label, *functions in PHASES:
+        spent = sum(cumulative(*function) for function in functions)
+        print(f"    {label:40s} {spent / total:6.1%}  {spent / len(batches) * 1000:7.2f} ms/batch")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=10_000, help="rows per batch")
-    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=10_000, help="rows per large batch (10,000)")
+    parser.add_argument("--batches", type=int, default=10, help="large batches per table (10)")
+    parser.add_argument("--host-batches", type=int, default=300,
+                        help="batches of bench/ingest_e2e.py's shape (300)")
+    parser.add_argument("--quick", action="store_true", help="3 large batches, 100 host batches")
+    parser.add_argument("--profile", action="store_true",
+                        help="then profile 100 host batches and 5 large GPU batches by phase")
     args = parser.parse_args()
+    if args.quick:
+        args.batches, args.host_batches = 3, 100
 
     import django
 
@@ -86,37 +173,57 @@ def main() -> int:
     from django.db import connection
 
     from collectors.models import IngestToken, Project
-    from collectors.tasks import ingest_batch
 
     call_command("migrate", verbosity=0)
     project, _ = Project.objects.get_or_create(slug="bench")
     token = IngestToken.issue(project)[1]
-    run = f"bench-{int(time.time())}"
-    t0 = time.time() - 86_400
+    run = f"bench-{uuid.uuid4().hex[:8]}"
+    t0 = time.time() - 30 * 86_400
+    postgres = connection.vendor == "postgresql"
 
-    results = {}
-    for table, build in (("gpu samples", lambda i: gpu_batch("bench", run, args.rows, t0 + i * 3600)),
-                         ("step rows", lambda i: step_batch("bench", run, args.rows,
-                                                            i * args.rows, t0 + i * args.rows))):
-        rates = []
-        for i in range(args.batches):
-            batch = build(i)
-            start = time.perf_counter()
-            result = ingest_batch(batch, token=token)
-            rates.append(args.rows / (time.perf_counter() - start))
-            assert result.get("stored"), result
-        results[table] = rates
+    gpu_rates, copy_rates, step_rates = [], [], []
+    # Alternating task and bare COPY within each round, so that load from other processes on the
+    # machine hits both alike.
+    for i in range(args.batches):
+        gpu_rates.append(args.rows / timed_task(gpu_batch("bench", run, args.rows,
+                                                          t0 + i * 86_400), token))
+        if postgres:
+            copy_rates.append(args.rows / bare_copy(args.rows, t0))
+        step_rates.append(args.rows / timed_task(
+            step_batch("bench", run, args.rows, i * args.rows, t0 + i * args.rows), token))
 
-    print(f"database: {connection.vendor}; {args.batches} batches of {args.rows:,} rows, "
-          "one process, the ingest task called directly")
-    for table, rates in results.items():
-        print(f"  {table:12s} {statistics.median(rates):>10,.0f} rows/s  "
-              f"[{min(rates):,.0f}..{max(rates):,.0f}]")
-    bare = bare_copy_rate(args.rows, args.batches)
-    if bare:
-        ratio = statistics.median(results["gpu samples"]) / bare
-        print(f"  bare binary COPY of the same GPU rows: {bare:,.0f} rows/s; "
-              f"the ingest task reaches {ratio:.0%} of it")
+    host_run = f"{run}-hosts"
+    host_batches = [host_minute_batch("bench", host_run, s, t0) for s in range(args.host_batches)]
+    # The first batch creates the run and attempt; time the steady state.
+    timed_task(host_batches[0], token)
+    per_batch = [timed_task(batch, token) for batch in host_batches[1:]]
+    spent = sum(per_batch)
+
+    print(f"database: {connection.vendor}; one process calling the ingest task directly "
+          f"(no broker); median [min..max]")
+    print(f"  large batches: {args.batches} × {args.rows:,} rows")
+    print(f"    task, GPU samples   {fmt(gpu_rates)} rows/s")
+    print(f"    task, step rows     {fmt(step_rates)} rows/s")
+    if copy_rates:
+        ratio = statistics.median(gpu_rates) / statistics.median(copy_rates)
+        print(f"    bare binary COPY    {fmt(copy_rates)} rows/s (psycopg write_row, temp table)")
+        print(f"    => the task stores GPU samples at {ratio:.0%} of bare COPY's rate "
+              f"(target: at least 50%)")
+    n = len(per_batch)
+    print(f"  e2e-shaped batches: {n} × (480 GPU samples + 60 step rows), one per host and minute")
+    print(f"    {n / spent:,.0f} batches/s, {n * 480 / spent:,.0f} GPU samples/s "
+          f"+ {n * 60 / spent:,.0f} step rows/s; per batch: median "
+          f"{statistics.median(per_batch) * 1000:.2f} ms, p95 "
+          f"{sorted(per_batch)[int(0.95 * (n - 1))] * 1000:.2f} ms")
+    if copy_rates:
+        ratio = (n * 480 / spent) / statistics.median(copy_rates)
+        print(f"    => {ratio:.0%} of bare COPY's GPU rows/s above, with the per-batch work included")
+
+    if args.profile:
+        profile([host_minute_batch("bench", host_run, s, t0)
+                 for s in range(args.host_batches, args.host_batches + 100)], token)
+        profile([gpu_batch("bench", run, args.rows, t0 + (args.batches + i) * 86_400)
+                 for i in range(5)], token)
     return 0
 
 

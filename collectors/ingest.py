@@ -5,6 +5,7 @@ is delivered again (a retry, a redelivery after a killed worker) writes nothing 
 from __future__ import annotations
 
 import logging
+import math
 import reprlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -194,25 +195,35 @@ def _checkpoints(batch, run_id: int, attempt_id: int, rank: int) -> list[Checkpo
 def _update_run_and_attempt(batch: dict[str, Any], place: Placement, rank: int) -> None:
     """Folds what the batch says about progress and status into the run and attempt rows, with
     single UPDATEs (GREATEST/LEAST of stored and new) so concurrent batches of other ranks never
-    overwrite each other's progress. One statement for the run, one for the attempt."""
+    overwrite each other's progress.
+
+    Only what the batch moves is written, and nothing when it moves nothing: an UPDATE locks the
+    run's row until the batch commits, so every batch updating it would make the workers storing
+    one run take turns. Skipping is safe because the merges only ever move one way: a value read
+    in this transaction that already covers the batch stays covering it."""
     steps, gpus, events = batch["steps"], batch["gpus"], batch["events"]
     event_times = [event["ts"] for event in events]
-    latest = max(max(steps["ts"], default=0), max(gpus["ts"], default=0),
-                 max(event_times, default=0))
-    changes: dict[str, Any] = {
-        "world_size": Greatest(F("world_size"), Value(batch["source"]["world_size"])),
-    }
+    changes: dict[str, Any] = {}
+    world_size = batch["source"]["world_size"]
+    if world_size > place.world_size:
+        changes["world_size"] = Greatest(F("world_size"), Value(world_size))
     if steps["ts"] or gpus["ts"] or event_times:
-        earliest = min(min(steps["ts"], default=latest), min(gpus["ts"], default=latest),
-                       min(event_times, default=latest))
-        changes["last_seen_at"] = Greatest(Coalesce(F("last_seen_at"), Value(_when(latest))),
-                                           Value(_when(latest)))
-        changes["first_seen_at"] = Least(Coalesce(F("first_seen_at"), Value(_when(earliest))),
-                                         Value(_when(earliest)))
+        latest = _when(max(max(steps["ts"], default=0), max(gpus["ts"], default=0),
+                           max(event_times, default=0)))
+        earliest = _when(min(min(steps["ts"], default=math.inf), min(gpus["ts"], default=math.inf),
+                             min(event_times, default=math.inf)))
+        if place.last_seen_at is None or latest > place.last_seen_at:
+            changes["last_seen_at"] = Greatest(Coalesce(F("last_seen_at"), Value(latest)),
+                                               Value(latest))
+        if place.first_seen_at is None or earliest < place.first_seen_at:
+            changes["first_seen_at"] = Least(Coalesce(F("first_seen_at"), Value(earliest)),
+                                             Value(earliest))
     if steps["step"]:
         last = max(steps["step"])
-        changes["last_step"] = Greatest(Coalesce(F("last_step"), Value(last)), Value(last))
-    Run.objects.filter(pk=place.run_id).update(**changes)
+        if place.last_step is None or last > place.last_step:
+            changes["last_step"] = Greatest(Coalesce(F("last_step"), Value(last)), Value(last))
+    if changes:
+        Run.objects.filter(pk=place.run_id).update(**changes)
 
     started = [e["ts"] for e in events if e["kind"] == "start"] or steps["ts"][:1]
     if started and (place.started_at is None or place.started_at > _when(min(started))):
@@ -263,13 +274,18 @@ def _evaluate_alerts(run_id: int) -> None:
 
 @dataclass(frozen=True)
 class Placement:
-    """The run and attempt a batch belongs to, and what of them the batch's updates need."""
+    """The run and attempt a batch belongs to, and what the database holds of their progress, as
+    read in the batch's transaction: updates that would change nothing are skipped."""
 
     run_id: int
     attempt_id: int
     attempt_number: int
     started_at: datetime | None
     has_config: bool
+    world_size: int
+    first_seen_at: datetime | None
+    last_seen_at: datetime | None
+    last_step: int | None
 
 
 # (project id, run name, attempt number) -> (run id, attempt id), per worker process: saves the two
@@ -278,6 +294,7 @@ class Placement:
 # get_or_create when the rows are gone (a deleted run, a test's rolled-back transaction).
 _placements: dict[tuple[int, str, int], tuple[int, int]] = {}
 _PLACEMENTS_MAX = 10_000
+_PROGRESS = ("run__world_size", "run__first_seen_at", "run__last_seen_at", "run__last_step")
 
 
 def _place(project_id: int, run_info: dict[str, Any], source: dict[str, Any]) -> Placement:
@@ -288,10 +305,10 @@ def _place(project_id: int, run_info: dict[str, Any], source: dict[str, Any]) ->
             Attempt.objects.filter(pk=cached[1], run_id=cached[0], number=key[2],
                                    run__project_id=key[0], run__name=key[1])
             .annotate(has_config=ExpressionWrapper(~Q(run__config={}), BooleanField()))
-            .values_list("started_at", "has_config").first()
+            .values_list("started_at", "has_config", *_PROGRESS).first()
         )
         if found is not None:
-            return Placement(cached[0], cached[1], key[2], found[0], found[1])
+            return Placement(cached[0], cached[1], key[2], *found)
         del _placements[key]
     run, _ = Run.objects.get_or_create(
         project_id=project_id, name=run_info["name"],
@@ -301,7 +318,8 @@ def _place(project_id: int, run_info: dict[str, Any], source: dict[str, Any]) ->
     if len(_placements) >= _PLACEMENTS_MAX:
         _placements.clear()
     _placements[key] = (run.pk, attempt.pk)
-    return Placement(run.pk, attempt.pk, attempt.number, attempt.started_at, bool(run.config))
+    return Placement(run.pk, attempt.pk, attempt.number, attempt.started_at, bool(run.config),
+                     run.world_size, run.first_seen_at, run.last_seen_at, run.last_step)
 
 
 def _claim(batch: dict[str, Any], run_id: int) -> bool:

@@ -160,3 +160,50 @@ def test_tokens_are_stored_only_as_hashes(token):
     assert token.startswith(stored.prefix)
     assert IngestToken.objects.authenticate(token) == stored
     assert IngestToken.objects.authenticate(token[:-1] + "x") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_that_moves_no_progress_does_not_wait_for_another_workers_batch(token):
+    """Workers storing one run must not take turns on the run's row: a batch whose steps are all
+    older than what is committed leaves the row alone, so it does not wait for a concurrent
+    batch that holds the row's lock until it commits."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from collectors.ingest import store_batch
+    from collectors.models import Project
+    from trainer_plugin.protocol import validate_batch
+
+    project_id = Project.objects.get(slug="llm").pk
+    now = time.time()
+    ingest_batch(step_batch(rank=0, first_step=100, count=100, t0=now - 100), token=token)
+    holding, release = threading.Event(), threading.Event()
+
+    def newer_batch_held_open():
+        try:
+            with transaction.atomic():
+                store_batch(validate_batch(step_batch(rank=0, first_step=200, count=10, t0=now)),
+                            project_id)
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=newer_batch_held_open)
+    worker.start()
+    try:
+        assert holding.wait(30)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '3s'")
+            result = store_batch(
+                validate_batch(step_batch(rank=1, first_step=0, count=10, t0=now - 60)),
+                project_id)
+        assert result.stored
+    finally:
+        release.set()
+        worker.join(30)
+    run = Run.objects.get()
+    assert run.last_step == 209
+    assert StepMetric.objects.count() == 120
