@@ -29,22 +29,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from trainer_plugin import Monitor  # noqa: E402
-
-
-class CountingMonitor(Monitor):
-    """Counts the GPU samples the sampler handed over and the buffer accepted: what the plugin
-    took on to send."""
-
-    gpu_rows_accepted = 0
-
-    def add_gpu_rows(self, rows):
-        rows = list(rows)
-        if not self._accepting:
-            return
-        dropped_before = self._gpus_dropped
-        super().add_gpu_rows(rows)
-        self.gpu_rows_accepted += len(rows) - (self._gpus_dropped - dropped_before)
+from tests.e2e.counting_monitor import CountingMonitor  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

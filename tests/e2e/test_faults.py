@@ -27,7 +27,7 @@ from tests.e2e.fault_counts import Count, count, read_records
 from tests.e2e.fault_services import PrivateStack, server_env
 from tests.reliability_report import record
 
-pytestmark = [pytest.mark.faults]
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 PROJECT = "faults"
 RANKS = 2
@@ -114,7 +114,7 @@ def stored_steps(stack: PrivateStack, run_name: str) -> int:
 def training(stack: PrivateStack, tmp_path: Path, run_name: str, url: str) -> TrainingJob:
     job = TrainingJob(tmp_path / "job", run_name, url, stack.token)
     job.start()
-    wait_for(lambda: stored_steps(stack, run_name) >= 2 * RANKS * 10 or not job.running(),
+    wait_for(lambda: stored_steps(stack, run_name) >= RANKS * 10 or not job.running(),
              timeout=180, what="the first steps stored")
     assert job.running(), job.output()
     job.note(f"{stored_steps(stack, run_name)} steps stored; the fault comes now")
@@ -168,7 +168,7 @@ def test_redis_stopped_for_a_minute_loses_and_duplicates_nothing(stack, tmp_path
         stack.redis.start()  # same port, same append-only file
         job.note("redis-server started again")
         outage = time.monotonic() - stopped_at
-        for _ in range(30):  # training goes on while the plugin replays its spool
+        for _ in range(20):  # training goes on while the plugin replays its spool
             stack.supervise()
             time.sleep(0.5)
         records = job.finish(stack)
@@ -194,7 +194,7 @@ def test_postgresql_crash_restart_loses_and_duplicates_nothing(stack, tmp_path):
         time.sleep(15)
         stack.postgres.start()
         job.note("PostgreSQL started again")
-        for _ in range(30):
+        for _ in range(20):
             stack.supervise()
             time.sleep(0.5)
         records = job.finish(stack)
@@ -287,7 +287,7 @@ def test_http_ingest_down_for_a_minute_loses_and_duplicates_nothing(stack, tmp_p
         ingest.start()  # same port
         job.note("the ingest API started again")
         outage = time.monotonic() - stopped_at
-        for _ in range(30):
+        for _ in range(20):
             stack.supervise()
             time.sleep(0.5)
         records = job.finish(stack)
