@@ -17,7 +17,7 @@ from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Coalesce, Greatest, Least
 from django.utils import timezone as django_tz
 
-from collectors import bulk_write, columns, rollups
+from collectors import bulk_write, columns, partitions, rollups
 from collectors.interruptions import record_interruptions
 from collectors.models import (
     Attempt,
@@ -350,6 +350,7 @@ def store_batch(batch: dict[str, Any], project_id: int) -> StoreResult:
     run_info, source = batch["run"], batch["source"]
     rank, host = source["rank"], source["host"]
     events = batch["events"]
+    partitions.ensure_for_batch(batch)  # the days this batch touches; a no-op once they exist
     with transaction.atomic():
         place = _place(project_id, run_info, source)
         run_id, attempt_id = place.run_id, place.attempt_id

@@ -4,6 +4,7 @@ create the same day, retention drops only old days, and the ORM reads and delete
 
 from __future__ import annotations
 
+import copy
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -14,7 +15,8 @@ from django.db import connection, connections
 
 from collectors import partitions
 from collectors.models import Attempt, GpuSample, Project, Run, StepMetric
-from collectors.tasks import ensure_partitions
+from collectors.tasks import ensure_partitions, ingest_batch
+from tests.batches import step_batch
 
 STEPS, GPUS = partitions.TABLES
 
@@ -62,6 +64,31 @@ def test_sample_tables_are_partitioned_by_ts_with_a_default_partition():
                 FROM pg_class c WHERE c.oid = %s::regclass""", [table])
             assert cursor.fetchone() == ("p", "RANGE (ts)", "PRIMARY KEY (id, ts)")
             assert _exists(f"{table}_default")
+
+
+def test_batch_rows_land_in_their_days_partition(token):
+    t0 = datetime(2026, 3, 10, 23, 59, 55, tzinfo=UTC).timestamp()
+    ingest_batch(step_batch(count=10, gpus=2, t0=t0), token=token)  # crosses midnight
+
+    run = Run.objects.get()
+    assert _where(STEPS, run) == {f"{STEPS}_p20260310": 5, f"{STEPS}_p20260311": 5}
+    assert _where(GPUS, run) == {f"{GPUS}_p20260310": 2}
+    assert StepMetric.objects.filter(run=run).count() == 10
+
+
+@pytest.mark.parametrize("when", [datetime(1999, 7, 1, 12, tzinfo=UTC),
+                                  datetime(2091, 1, 1, 12, tzinfo=UTC)])
+def test_a_batch_far_in_the_past_or_future_is_stored_in_its_own_day(token, when):
+    batch = step_batch(count=20, gpus=4, t0=when.timestamp())
+    result = ingest_batch(copy.deepcopy(batch), token=token)
+
+    assert result["stored"] is True
+    run = Run.objects.get()
+    day = f"p{when:%Y%m%d}"
+    assert _where(STEPS, run) == {f"{STEPS}_{day}": 20}
+    assert _where(GPUS, run) == {f"{GPUS}_{day}": 4}
+    assert sorted(StepMetric.objects.filter(run=run).values_list("step", flat=True)) == list(
+        range(20))
 
 
 @pytest.mark.django_db
