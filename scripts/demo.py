@@ -27,6 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 SERVER_LOG = ROOT / "var" / "demo-server.log"
+CLUSTER_LOG = ROOT / "var" / "demo-cluster.log"
+#: The simulated cluster beside the real job: 32 GPUs on 4 hosts, a 12-hour run of which the first
+#: 3 hours are history (stored at once, so the cluster pages have a day/night curve, power swings
+#: and GPU heat to show) and the rest streams live. Two planted interruptions over the 12 hours.
+CLUSTER_ARGS = ("--gpus", "32", "--days", "0.5", "--history", "3", "--interruptions", "2")
 DEMO_USER = "demo"
 DEMO_PROJECT = "demo"
 
@@ -163,11 +168,27 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def start_simulated_cluster(env: dict[str, str], run_name: str, log_path: Path = CLUSTER_LOG,
+                            args: tuple[str, ...] = CLUSTER_ARGS) -> subprocess.Popen:
+    """`manage.py simulate --live` in the background, in the demo project. It stops cleanly on
+    SIGINT (its ranks send their finish events), which is how run_demo's clean-up ends it."""
+    log_path.parent.mkdir(exist_ok=True)
+    with log_path.open("w") as log:
+        return subprocess.Popen(
+            [PYTHON, "manage.py", "simulate", "--live", *args, "--project", DEMO_PROJECT,
+             "--run-name", run_name, "--no-progress"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches this script only; it stops children itself
+        )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Runwatch demo: dashboard + a 2-rank CPU job.")
     parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "8000")))
     parser.add_argument("--nproc", type=int, default=2, help="training ranks")
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--no-cluster", action="store_true",
+                        help="no simulated 32-GPU cluster beside the real job")
     return parser.parse_args(argv)
 
 
@@ -190,7 +211,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if not token.startswith("rw_"):
         raise DemoError(f"`manage.py createtoken` printed {token!r}, not a token (rw_...)")
 
-    server = training = None
+    server = training = cluster = None
     forwarding = threading.Event()
     try:
         SERVER_LOG.parent.mkdir(exist_ok=True)
@@ -209,7 +230,12 @@ def run_demo(args: argparse.Namespace) -> int:
             )  # fmt: skip
         wait_until_answering(f"{base_url}/login/", server, timeout_s=60)
 
-        run_name = f"tiny-char-lm-{time.strftime('%Y%m%d-%H%M%S')}"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_name = f"tiny-char-lm-{stamp}"
+        cluster_name = f"sim-cluster-{stamp}"
+        if not args.no_cluster:
+            # Beside the real job, in the background: the dashboard is usable before it is done.
+            cluster = start_simulated_cluster(env, cluster_name)
         print(
             f"\n  Runwatch dashboard: {base_url}\n"
             f"  user:     {DEMO_USER}\n"
@@ -217,13 +243,11 @@ def run_demo(args: argparse.Namespace) -> int:
             f"  project {DEMO_PROJECT}, run {run_name}: {args.nproc} ranks training now.\n"
             f"  your own script: RUNWATCH_URL={base_url} RUNWATCH_TOKEN={token} "
             f"RUNWATCH_PROJECT={DEMO_PROJECT} python train.py\n"
-            f"  (server log: {SERVER_LOG.relative_to(ROOT)}; Ctrl-C stops everything)\n",
+            + (f"  and run {cluster_name}: a simulated 32-GPU cluster, 3 hours of history, "
+               f"then live (log: {CLUSTER_LOG.relative_to(ROOT)}).\n" if cluster else "")
+            + f"  (server log: {SERVER_LOG.relative_to(ROOT)}; Ctrl-C stops everything)\n",
             flush=True,
         )
-
-        # Hook: a simulated cluster (many ranks with GPU telemetry and interruptions, from
-        # collectors' simulator) can be started here beside the real job, with the same token and
-        # its own run name, and stopped in the `finally` below like the others.
 
         forwarding.set()
         training = subprocess.Popen(
@@ -274,6 +298,8 @@ def run_demo(args: argparse.Namespace) -> int:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # SIGINT: the simulator sends its ranks' finish events, so the cluster's run ends finished.
+        stop(cluster, signal.SIGINT, grace_s=15, group=False)
         if server is not None and server.poll() is None:
             print("demo: stopping the dashboard ...", flush=True)
         stop(server, signal.SIGTERM, grace_s=10, group=True)

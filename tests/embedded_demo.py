@@ -97,6 +97,24 @@ def main() -> None:
         [row] = runs.json()["runs"]
         seen.update(run=row["name"], last_step=row["last_step"], attempts=row["attempts"],
                     steps_per_s=row["steps_per_s"])
+
+    # The simulated cluster `make demo` runs beside the real job: stored on SQLite through the
+    # same ingest task, its pages served.
+    from datetime import UTC, datetime, timedelta
+
+    from collectors.simulation import SimConfig, run_simulation
+
+    truth = run_simulation(SimConfig(
+        project="llm", run_name="sim-cluster", gpus=8, days=0.05, seed=3, interruptions=1,
+        start=datetime.now(UTC) - timedelta(days=0.06)))
+    for name, url in {"sim_run": f"/runs/{truth.run_id}/",
+                      "sim_failures": f"/runs/{truth.run_id}/failures/"}.items():
+        statuses[name] = client.get(url).status_code
+    simulated = Run.objects.get(pk=truth.run_id)
+    seen["sim"] = {"timezone": simulated.timezone, "status": simulated.status,
+                   "attempts": simulated.attempts.count(),
+                   "interruptions": list(simulated.interruptions.values_list("category", flat=True)),
+                   "planted": truth.interruptions}
     print(json.dumps({"statuses": statuses, "seen": seen}))
 
 

@@ -42,7 +42,7 @@ def test_embedded_mode_ingests_and_serves_every_dashboard_page(tmp_path):
 
     assert statuses.pop("ingest") == [202] * 4
     assert statuses == {"runs.json": 200, "runs": 200, "run": 200, "series.json": 200,
-                        "failures": 200, "checkpoints": 200}
+                        "failures": 200, "checkpoints": 200, "sim_run": 200, "sim_failures": 200}
     assert seen["run"] == "run-1"
     assert seen["last_step"] == 60
     assert seen["attempts"] == seen["header_attempts"] == 2
@@ -50,6 +50,12 @@ def test_embedded_mode_ingests_and_serves_every_dashboard_page(tmp_path):
     assert seen["loss_traces"] == 2
     # One save merged over the ranks (slowest rank's time, both shards' bytes), then the load.
     assert seen["checkpoints"] == [[0, "save", 20, 4.0, 2_000_000], [1, "load", 20, None, None]]
+    # make demo's simulated cluster, on SQLite: stored, classified as planted, finished.
+    simulated = seen["sim"]
+    assert simulated["timezone"] == "America/Chicago"
+    assert simulated["status"] == "finished"
+    assert simulated["attempts"] == 2
+    assert {category: 1 for category in simulated["interruptions"]} == simulated["planted"]
 
 
 @pytest.fixture

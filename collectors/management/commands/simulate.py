@@ -117,8 +117,10 @@ class Command(BaseCommand):
                 bar.update(int(fraction * 1000) - bar.n)
 
         if config.live:
-            # `kill`, a CI runner or `make demo` stopping us takes the same way out as Ctrl-C.
+            # `kill`, a CI runner or `make demo` stopping us takes the same way out as Ctrl-C
+            # (SIGINT set again: a shell without job control starts us with it ignored).
             signal.signal(signal.SIGTERM, signal.default_int_handler)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         began = time.monotonic()
         try:
             truth = run_simulation(config, token=options["token"], progress=progress)
