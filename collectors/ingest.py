@@ -297,19 +297,22 @@ _PLACEMENTS_MAX = 10_000
 _PROGRESS = ("run__world_size", "run__first_seen_at", "run__last_seen_at", "run__last_step")
 
 
-def _place(project_id: int, run_info: dict[str, Any], source: dict[str, Any]) -> Placement:
+def _place_and_claim(project_id: int, batch: dict[str, Any]) -> tuple[Placement, bool]:
+    """The batch's run and attempt (created if new), and whether this delivery claimed the batch
+    id (False: a redelivery, already stored)."""
+    run_info, source = batch["run"], batch["source"]
     key = (project_id, run_info["name"], run_info["attempt"])
     cached = _placements.get(key)
     if cached is not None:
-        found = (
-            Attempt.objects.filter(pk=cached[1], run_id=cached[0], number=key[2],
-                                   run__project_id=key[0], run__name=key[1])
-            .annotate(has_config=ExpressionWrapper(~Q(run__config={}), BooleanField()))
-            .values_list("started_at", "has_config", *_PROGRESS).first()
-        )
-        if found is not None:
-            return Placement(cached[0], cached[1], key[2], *found)
-        del _placements[key]
+        if connection.vendor == "postgresql":
+            found = _check_and_claim(key, cached, batch)
+            if found is not None:
+                return found
+        else:
+            place = _check(key, cached)
+            if place is not None:
+                return place, _claim(batch, place.run_id)
+        _placements.pop(key, None)
     run, _ = Run.objects.get_or_create(
         project_id=project_id, name=run_info["name"],
         defaults={"config": run_info.get("config") or {}, "world_size": source["world_size"]},
@@ -318,13 +321,56 @@ def _place(project_id: int, run_info: dict[str, Any], source: dict[str, Any]) ->
     if len(_placements) >= _PLACEMENTS_MAX:
         _placements.clear()
     _placements[key] = (run.pk, attempt.pk)
-    return Placement(run.pk, attempt.pk, attempt.number, attempt.started_at, bool(run.config),
-                     run.world_size, run.first_seen_at, run.last_seen_at, run.last_step)
+    place = Placement(run.pk, attempt.pk, attempt.number, attempt.started_at, bool(run.config),
+                      run.world_size, run.first_seen_at, run.last_seen_at, run.last_step)
+    return place, _claim(batch, run.pk)
 
 
-def _claim(batch: dict[str, Any], run_id: int) -> bool:
-    """Records the batch id; False when it was already there (a redelivery). One INSERT ... ON
-    CONFLICT DO NOTHING rather than a savepoint around a create: a round trip instead of three."""
+def _check(key: tuple[int, str, int], cached: tuple[int, int]) -> Placement | None:
+    """The cached placement, if its rows still exist as cached (one primary-key query)."""
+    found = (
+        Attempt.objects.filter(pk=cached[1], run_id=cached[0], number=key[2],
+                               run__project_id=key[0], run__name=key[1])
+        .annotate(has_config=ExpressionWrapper(~Q(run__config={}), BooleanField()))
+        .values_list("started_at", "has_config", *_PROGRESS).first()
+    )
+    return Placement(cached[0], cached[1], key[2], *found) if found is not None else None
+
+
+_PG_CHECK_AND_CLAIM = """
+WITH place AS (
+    SELECT a.started_at, r.config <> '{{}}'::jsonb, r.world_size, r.first_seen_at,
+           r.last_seen_at, r.last_step
+    FROM {attempt} a JOIN {run} r ON r.id = a.run_id
+    WHERE a.id = %s AND r.id = %s AND a.number = %s AND r.project_id = %s AND r.name = %s
+), claimed AS (
+    INSERT INTO {batch} ({columns}) SELECT {values} WHERE EXISTS (SELECT FROM place)
+    ON CONFLICT (batch_id) DO NOTHING RETURNING 1
+)
+SELECT place.*, EXISTS (SELECT FROM claimed) FROM place
+"""
+
+
+def _check_and_claim(key: tuple[int, str, int], cached: tuple[int, int],
+                     batch: dict[str, Any]) -> tuple[Placement, bool] | None:
+    """_check and _claim in one statement (PostgreSQL): the steady state of a run's batches costs
+    one round trip before the rows. None when the cached rows are gone (nothing claimed then)."""
+    columns, values = _claim_values(batch, cached[0])
+    sql = _PG_CHECK_AND_CLAIM.format(
+        attempt=Attempt._meta.db_table, run=Run._meta.db_table,
+        batch=IngestedBatch._meta.db_table, columns=", ".join(columns),
+        values=", ".join(["%s"] * len(values)))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [cached[1], cached[0], key[2], key[0], key[1], *values])
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    *progress, claimed = found
+    return Placement(cached[0], cached[1], key[2], *progress), claimed
+
+
+def _claim_values(batch: dict[str, Any], run_id: int) -> tuple[list[str], list[Any]]:
+    """IngestedBatch's columns and the batch's values for them, as the database takes them."""
     source = batch["source"]
     row = IngestedBatch(
         batch_id=batch["batch_id"], run_id=run_id, rank=source["rank"], host=source["host"],
@@ -332,14 +378,21 @@ def _claim(batch: dict[str, Any], run_id: int) -> bool:
         gpu_samples=len(batch["gpus"]["ts"]), events=len(batch["events"]),
     )
     fields = IngestedBatch._meta.concrete_fields
+    return ([connection.ops.quote_name(field.column) for field in fields],
+            [field.get_db_prep_save(getattr(row, field.attname), connection) for field in fields])
+
+
+def _claim(batch: dict[str, Any], run_id: int) -> bool:
+    """Records the batch id; False when it was already there (a redelivery). One INSERT ... ON
+    CONFLICT DO NOTHING rather than a savepoint around a create: a round trip instead of three."""
+    columns, values = _claim_values(batch, run_id)
     quote = connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {quote(IngestedBatch._meta.db_table)} "
-            f"({', '.join(quote(field.column) for field in fields)}) "
-            f"VALUES ({', '.join(['%s'] * len(fields))}) "
+            f"INSERT INTO {quote(IngestedBatch._meta.db_table)} ({', '.join(columns)}) "
+            f"VALUES ({', '.join(['%s'] * len(values))}) "
             f"ON CONFLICT ({quote('batch_id')}) DO NOTHING RETURNING {quote('batch_id')}",
-            [field.get_db_prep_save(getattr(row, field.attname), connection) for field in fields],
+            values,
         )
         return cursor.fetchone() is not None
 
@@ -352,9 +405,9 @@ def store_batch(batch: dict[str, Any], project_id: int) -> StoreResult:
     events = batch["events"]
     partitions.ensure_for_batch(batch)  # the days this batch touches; a no-op once they exist
     with transaction.atomic():
-        place = _place(project_id, run_info, source)
+        place, claimed = _place_and_claim(project_id, batch)
         run_id, attempt_id = place.run_id, place.attempt_id
-        if not _claim(batch, run_id):
+        if not claimed:
             log.info("batch %s was already stored; skipping the redelivery", batch["batch_id"])
             return StoreResult(stored=False, run_id=run_id)
 
@@ -363,8 +416,7 @@ def store_batch(batch: dict[str, Any], project_id: int) -> StoreResult:
         bulk_write.write(StepMetric, step_table)
         bulk_write.write(GpuSample, gpu_table)
         bulk_write.write(Event, _event_table(events, run_id, attempt_id, rank, host))
-        rollups.add_steps(run_id, rank, step_groups)
-        rollups.add_gpus(run_id, host, gpu_groups)
+        rollups.add(run_id, rank, host, step_groups, gpu_groups)
         checkpoints = _checkpoints(batch, run_id, attempt_id, rank)
         if checkpoints:
             Checkpoint.objects.bulk_create(checkpoints)

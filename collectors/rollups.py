@@ -1,10 +1,10 @@
 """Per-minute rollups (collectors.models.StepMinute, GpuMinute), kept current by ingest.
 
-Ingest calls ``add_steps``/``add_gpus`` in the transaction that writes a batch's raw rows, so a
-batch is counted exactly once: a redelivered batch is refused before either is written, and a
-batch that fails leaves neither. Each call aggregates the batch by minute in numpy and merges the
-result with ONE upsert per table (sums and counts add up, minima and maxima compare), so batches
-can arrive in any order and from any number of workers. ``rebuild`` recomputes the same rows from
+Ingest calls ``add`` in the transaction that writes a batch's raw rows, so a batch is counted
+exactly once: a redelivered batch is refused before either is written, and a batch that fails
+leaves neither. The batch is aggregated by minute in numpy and merged with one upsert per table
+(sums and counts add up, minima and maxima compare; on PostgreSQL both in one statement), so
+batches can arrive in any order and from any number of workers. ``rebuild`` recomputes the same rows from
 the raw tables, for data loaded without ingest (a COPY, an old database).
 """
 
@@ -127,14 +127,38 @@ def gpu_groups(ts_micros: np.ndarray, gpu: np.ndarray, temp: np.ndarray, power: 
 # --- merging into the tables -------------------------------------------------------------------
 
 
+def add(run_id: int, rank: int, host: str, steps: Groups, gpus: Groups) -> None:
+    """Merges one batch's aggregates (a rank's steps, its host's GPU samples) into StepMinute and
+    GpuMinute. Call inside the batch's transaction. On PostgreSQL both upserts travel as one
+    statement (two data-modifying CTEs): one round trip per batch, however many minutes."""
+    upserts = [
+        (STEP_TABLE, STEP_KEY, STEP_VALUES, {"run_id": run_id, "rank": rank}, steps),
+        (GPU_TABLE, GPU_KEY, GPU_VALUES, {"run_id": run_id, "host": host}, gpus),
+    ]
+    upserts = [upsert for upsert in upserts if len(upsert[-1])]
+    if not upserts:
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            statements = [_pg_upsert(*upsert) for upsert in upserts]
+            sql = (statements[0][0] if len(statements) == 1 else
+                   "WITH " + ", ".join(f"merged_{i} AS ({statement})"
+                                       for i, (statement, _) in enumerate(statements))
+                   + " SELECT 1")
+            cursor.execute(sql, [param for _, params in statements for param in params])
+        else:
+            for upsert in upserts:
+                _sqlite_upsert(cursor, *upsert)
+
+
 def add_steps(run_id: int, rank: int, groups: Groups) -> None:
     """Merges one batch's step aggregates into StepMinute (call inside the batch's transaction)."""
-    _upsert(STEP_TABLE, STEP_KEY, STEP_VALUES, {"run_id": run_id, "rank": rank}, groups)
+    add(run_id, rank, "", groups, Groups({}))
 
 
 def add_gpus(run_id: int, host: str, groups: Groups) -> None:
     """Merges one batch's GPU aggregates into GpuMinute (call inside the batch's transaction)."""
-    _upsert(GPU_TABLE, GPU_KEY, GPU_VALUES, {"run_id": run_id, "host": host}, groups)
+    add(run_id, 0, host, Groups({}), groups)
 
 
 def _merge(table: str, column: str, how: str, postgres: bool) -> str:
@@ -150,41 +174,42 @@ def _merge(table: str, column: str, how: str, postgres: bool) -> str:
             f"COALESCE({new}, {old}))")
 
 
-def _upsert(table: str, key: tuple[str, ...], values: tuple[tuple[str, str], ...],
-            constants: dict, groups: Groups) -> None:
-    if not len(groups):
-        return
-    postgres = connection.vendor == "postgresql"
+def _conflict(table: str, key: tuple[str, ...], values: tuple[tuple[str, str], ...],
+              postgres: bool) -> str:
+    updates = ", ".join(_merge(table, name, how, postgres) for name, how in values)
+    return f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+
+
+def _pg_upsert(table: str, key: tuple[str, ...], values: tuple[tuple[str, str], ...],
+               constants: dict, groups: Groups) -> tuple[str, list]:
+    """One INSERT ... SELECT FROM unnest(...) ON CONFLICT: the groups travel as one array per
+    column, so the statement is the same whatever the batch's size. Keys arrive sorted
+    (np.unique), so concurrent workers lock rows in the same order."""
+    per_group = [name for name in key if name not in constants] + [name for name, _ in values]
+    selected = ", ".join(["%s"] * len(constants) + [
+        f"to_timestamp(u.{name})" if name == "minute" else f"u.{name}" for name in per_group])
+    arrays = ", ".join(f"%s::{_PG_TYPES.get(name, 'int8')}[]" for name in per_group)
+    sql = (f"INSERT INTO {table} ({', '.join([*constants, *per_group])}) SELECT {selected} "
+           f"FROM unnest({arrays}) AS u({', '.join(per_group)}) "
+           f"{_conflict(table, key, values, postgres=True)}")
+    return sql, [*constants.values(), *(groups.columns[name] for name in per_group)]
+
+
+def _sqlite_upsert(cursor, table: str, key: tuple[str, ...], values: tuple[tuple[str, str], ...],
+                   constants: dict, groups: Groups) -> None:
     per_group = [name for name in key if name not in constants] + [name for name, _ in values]
     columns = [*constants, *per_group]
-    updates = ", ".join(_merge(table, name, how, postgres) for name, how in values)
-    conflict = f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
-    with connection.cursor() as cursor:
-        if postgres:
-            # One statement whatever the batch's size: the groups travel as one array per column.
-            # Keys arrive sorted (np.unique), so concurrent workers lock rows in the same order.
-            selected = ", ".join(
-                ["%s"] * len(constants)
-                + [f"to_timestamp(u.{name})" if name == "minute" else f"u.{name}"
-                   for name in per_group]
-            )
-            arrays = ", ".join(f"%s::{_PG_TYPES.get(name, 'int8')}[]" for name in per_group)
-            cursor.execute(
-                f"INSERT INTO {table} ({', '.join(columns)}) SELECT {selected} "
-                f"FROM unnest({arrays}) AS u({', '.join(per_group)}) {conflict}",
-                [*constants.values(), *(groups.columns[name] for name in per_group)],
-            )
-        else:
-            rows = _sqlite_rows(constants, per_group, groups)
-            # Well under SQLite's 32,766 bound parameters per statement.
-            chunk = max(1, 30_000 // len(columns))
-            for start in range(0, len(rows), chunk):
-                part = rows[start:start + chunk]
-                placeholders = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(part))
-                cursor.execute(
-                    f"INSERT INTO {table} ({', '.join(columns)}) VALUES {placeholders} {conflict}",
-                    [value for row in part for value in row],
-                )
+    rows = _sqlite_rows(constants, per_group, groups)
+    conflict = _conflict(table, key, values, postgres=False)
+    # Well under SQLite's 32,766 bound parameters per statement.
+    chunk = max(1, 30_000 // len(columns))
+    for start in range(0, len(rows), chunk):
+        part = rows[start:start + chunk]
+        placeholders = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(part))
+        cursor.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES {placeholders} {conflict}",
+            [value for row in part for value in row],
+        )
 
 
 def _sqlite_rows(constants: dict, per_group: list[str], groups: Groups) -> list[tuple]:

@@ -207,3 +207,33 @@ def test_a_batch_that_moves_no_progress_does_not_wait_for_another_workers_batch(
     run = Run.objects.get()
     assert run.last_step == 209
     assert StepMetric.objects.count() == 120
+
+
+def test_a_run_deleted_between_batches_is_created_again(token):
+    """The worker remembers run and attempt ids; a run deleted since must not swallow batches."""
+    ingest_batch(step_batch(count=3), token=token)
+    Run.objects.all().delete()
+
+    result = ingest_batch(step_batch(count=4), token=token)
+
+    assert result["stored"] is True
+    assert Run.objects.get().pk == result["run_id"]
+    assert StepMetric.objects.filter(run_id=result["run_id"]).count() == 4
+    assert Attempt.objects.get().run_id == result["run_id"]
+
+
+def test_a_run_created_in_a_rolled_back_transaction_is_not_remembered(token):
+    from django.db import transaction
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        ingest_batch(step_batch(count=3), token=token)
+        raise Abort
+
+    result = ingest_batch(step_batch(count=5), token=token)
+
+    assert result["stored"] is True
+    assert StepMetric.objects.filter(run__name="run-1").count() == 5
+    assert StepMetric.objects.count() == 5
