@@ -146,3 +146,28 @@ def test_postgresql_reduction_matches_the_pure_one_and_names_host_and_gpu(projec
     assert from_db.cost.straggler_wait_s == pytest.approx(pure.cost.straggler_wait_s)
     assert from_db.cost.straggler_lost_s == pytest.approx(pure.cost.straggler_lost_s)
     assert from_db.stragglers[0].excess_pct == pytest.approx(15.0, abs=0.5)
+
+
+@pytest.mark.django_db
+def test_finds_the_simulators_planted_stragglers_and_no_others(project):
+    from collectors.models import IngestToken
+    from collectors.simulation import SimConfig, run_simulation
+
+    # Every rank reports steps: with the large-cluster default (one rank per host plus the slow
+    # ones) 3 of the 6 reporting ranks would be slow, and the median itself would be a straggler.
+    truth = run_simulation(SimConfig(project="llm", run_name="stragglers", gpus=32, days=0.25,
+                                     seed=3, stragglers=3, step_ranks=list(range(32)),
+                                     sample_interval_s=60.0),
+                           token=IngestToken.issue(project)[1])
+    planted = {s["rank"]: s for s in truth.stragglers}
+    assert len(planted) == 3
+    report = read_stragglers(Run.objects.get(pk=truth.run_id), top_n=len(planted))
+    assert report.flagged_ranks == set(planted)
+    assert {s.rank for s in report.top} == set(planted)
+    for found in report.stragglers:
+        assert (found.host, found.gpu) == (planted[found.rank]["host"], planted[found.rank]["gpu"])
+        # Ranked by excess, each within a point of its planted slowdown.
+        assert found.excess_pct == pytest.approx(100 * planted[found.rank]["slowdown"], abs=1.0)
+    assert [s.rank for s in report.stragglers] == [s["rank"] for s in truth.stragglers]
+    healthy = [r for r in report.ranks if r.rank not in planted]
+    assert len(healthy) == 29 and max(r.excess_pct for r in healthy) < 1.0

@@ -168,3 +168,27 @@ def test_query_layer_reads_the_rollups_and_matches_the_pure_analysis(project):
     assert result.hourly_deviation_pct[14] == pytest.approx(100 * (6.01 / 6.07 - 1))
     assert result.hourly_temp_c[14] == pytest.approx(71.4)
     assert result.run_median == pytest.approx(3 * 2048 / 6.01)
+
+
+@pytest.mark.django_db
+def test_recovers_the_simulators_planted_diurnal_swing(project):
+    from collectors.models import IngestToken
+    from collectors.simulation import SimConfig, run_simulation
+
+    # Two days of 16 GPUs, steps from one rank per host: ~60k step rows and 46k GPU samples.
+    truth = run_simulation(SimConfig(project="llm", run_name="diurnal", gpus=16, days=2, seed=7,
+                                     diurnal_slowdown_pct=1.5, stragglers=0, step_ranks=[0, 8],
+                                     sample_interval_s=60.0),
+                           token=IngestToken.issue(project)[1])
+    result = read_time_of_day(Run.objects.get(pk=truth.run_id))
+    assert result.timezone == truth.site_timezone
+    assert truth.diurnal_amplitude_pct > 1.0
+    assert abs(result.amplitude_pp - truth.diurnal_amplitude_pct) <= 0.2
+    pairs = [(ours, planted) for ours, planted in zip(result.hourly_deviation_pct,
+                                                       truth.hourly_deviation_pct, strict=True)
+             if ours is not None and planted is not None]
+    assert len(pairs) == 24
+    assert pearson([p[0] for p in pairs], [p[1] for p in pairs]).r > 0.95
+    assert max(abs(ours - planted) for ours, planted in pairs) < 0.2
+    # The heat of the afternoon is the slow time, and the GPUs' temperature says so.
+    assert result.correlation.n == 24 and result.correlation.r < -0.8
