@@ -114,16 +114,30 @@ class Plan:
         return state, self.seg_attempt[index]
 
 
+#: Healthy ranks that report steps at least (when the cluster has them): enough that the per-step
+#: median is a healthy rank's time however many slow ranks are planted.
+MIN_HEALTHY_STEP_RANKS = 16
+
+
 def default_step_ranks(config: SimConfig, stragglers: list[int]) -> list[int]:
-    """Every rank for a small cluster; else local rank 0 of each host plus the slow ranks, which
-    keeps a 512-GPU, 3-day backfill to minutes and still lets stragglers stand out."""
+    """Every rank for a small cluster; else local rank 0 of each host (more ranks per host when
+    there are fewer than 16 hosts, so that at least 16 healthy ranks report) plus the slow ranks.
+    That keeps a 512-GPU, 3-day backfill to minutes and still lets stragglers stand out."""
     world = config.world_size
     if config.step_ranks is not None:
         # The slow ranks always report: a straggler nobody can see is no planted fact.
         return sorted({r for r in config.step_ranks if 0 <= r < world} | {0} | set(stragglers))
     if config.gpus <= 16:
         return list(range(world))
-    return sorted({h * GPUS_PER_HOST for h in range(config.hosts)} | set(stragglers))
+    per_host = min(GPUS_PER_HOST, -(-MIN_HEALTHY_STEP_RANKS // config.hosts))
+    slow = set(stragglers)
+    chosen = set(slow)
+    for host in range(config.hosts):
+        # Spread over the host's GPUs, local rank 0 first, skipping slow ranks (already in).
+        healthy = [host * GPUS_PER_HOST + local for local in (0, 4, 2, 6, 1, 5, 3, 7)
+                   if host * GPUS_PER_HOST + local not in slow]
+        chosen.update(healthy[:per_host])
+    return sorted(chosen)
 
 
 def _pick_gpus(rng: np.random.Generator, count: int, world: int, taken: set[int]) -> list[int]:

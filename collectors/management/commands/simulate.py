@@ -49,7 +49,8 @@ class Command(BaseCommand):
         "collectors take it; --live streams the part after now at wall-clock pace. Defaults keep a "
         "512-GPU, 3-day backfill to minutes: GPUs sampled every 10 s up to "
         f"{FINE_SAMPLING_GPU_DAYS} GPU-days and every 60 s above; every rank reports steps up to "
-        "16 GPUs, above that one rank per host (local rank 0) plus the slow ranks."
+        "16 GPUs, above that local rank 0 of each host (more per host below 16 hosts, so that 16 "
+        "healthy ranks report) plus the slow ranks."
     )
 
     def add_arguments(self, parser):

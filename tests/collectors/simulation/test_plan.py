@@ -77,8 +77,21 @@ def test_rows_cover_every_step_rank_and_gpu():
 
 
 def test_large_clusters_report_steps_from_one_rank_per_host_and_the_stragglers():
-    plan = build_plan(SimConfig(gpus=512, days=0.01, seed=3, start=START), START.timestamp())
-    assert set(plan.step_ranks) == set(range(0, 512, 8)) | set(plan.stragglers)
+    for seed in range(20):
+        plan = build_plan(SimConfig(gpus=512, days=0.01, seed=seed, start=START),
+                          START.timestamp())
+        healthy = sorted(set(plan.step_ranks) - set(plan.stragglers))
+        assert [rank // 8 for rank in healthy] == list(range(64))  # one per host
+        assert set(plan.stragglers) <= set(plan.step_ranks)
+
+
+def test_mid_sized_clusters_still_report_steps_from_16_healthy_ranks():
+    plan = build_plan(SimConfig(gpus=32, days=0.01, seed=3, stragglers=3, start=START),
+                      START.timestamp())
+    healthy = set(plan.step_ranks) - set(plan.stragglers)
+    assert len(healthy) == 16
+    assert {rank // 8 for rank in healthy} == {0, 1, 2, 3}  # spread over every host
+    assert set(plan.stragglers) <= set(plan.step_ranks)
 
 
 def test_checkpoints_are_saved_every_k_steps():
