@@ -12,7 +12,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import numpy as np
+
 MAX_POINTS_PER_TRACE = 2000
+MIN_POINTS_PER_TRACE = 400
+CHART_POINT_BUDGET = 12_000
+SIGNIFICANT_DIGITS = 9
 # Two rows of charts under the run header fit a laptop screen (1280x800).
 CHART_HEIGHT_PX = 250
 
@@ -37,29 +42,48 @@ def downsample_minmax(
 
     Points without a finite y are dropped first (they would not be drawn anyway). The rest are cut
     into max_points // 2 buckets of consecutive points; each bucket contributes its lowest and
-    highest point, in their original order, so the line still passes through every extreme."""
+    highest point, in their original order, so the line still passes through every extreme.
+    Buckets hold equal counts, not equal x spans, because x may go backwards (step numbers
+    repeat after a restart resumes from a checkpoint). Lists or NumPy arrays; lists come back."""
     if max_points < 2:
         raise ValueError("max_points must be at least 2")
-    points = [(xi, yi) for xi, yi in zip(x, y, strict=True) if _finite(yi)]
-    if len(points) <= max_points:
-        return [p[0] for p in points], [float(p[1]) for p in points]
-    buckets = max_points // 2
-    out_x: list[Any] = []
-    out_y: list[float] = []
-    n = len(points)
-    for b in range(buckets):
-        lo, hi = b * n // buckets, (b + 1) * n // buckets
-        chunk = range(lo, hi)
-        i_min = min(chunk, key=lambda i: points[i][1])
-        i_max = max(chunk, key=lambda i: points[i][1])
-        for i in sorted({i_min, i_max}):
-            out_x.append(points[i][0])
-            out_y.append(float(points[i][1]))
-    return out_x, out_y
+    values = np.array([np.nan if v is None else v for v in y], dtype=np.float64) if not (
+        isinstance(y, np.ndarray)) else y.astype(np.float64, copy=False)
+    valid = np.flatnonzero(np.isfinite(values))
+    if len(valid) > max_points:
+        buckets = max_points // 2
+        bucket = np.arange(len(valid)) * buckets // len(valid)
+        # Sorted by (bucket, y, position), each bucket's first entry is its minimum and its last
+        # its maximum.
+        order = np.lexsort((np.arange(len(valid)), values[valid], bucket))
+        edges = np.flatnonzero(np.diff(bucket[order])) + 1
+        firsts = order[np.concatenate(([0], edges))]
+        lasts = order[np.concatenate((edges - 1, [len(order) - 1]))]
+        valid = valid[np.union1d(firsts, lasts)]
+    xs = x[valid].tolist() if isinstance(x, np.ndarray) else [x[i] for i in valid.tolist()]
+    return xs, values[valid].tolist()
 
 
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
+def points_per_trace(traces: int) -> int:
+    """The points each of ``traces`` lines on one chart may have: the chart's budget shared out,
+    between MIN_POINTS_PER_TRACE and MAX_POINTS_PER_TRACE. Sixteen ranks of 2,000 points made
+    a 2.7 MB run page that took seconds to draw; the chart is under 1,000 pixels wide anyway."""
+    if traces <= 0:
+        return MAX_POINTS_PER_TRACE
+    return max(MIN_POINTS_PER_TRACE, min(MAX_POINTS_PER_TRACE, CHART_POINT_BUDGET // traces))
+
+
+def _rounded(values: list[float], digits: int = SIGNIFICANT_DIGITS) -> list[float]:
+    """``values`` to ``digits`` significant digits of the largest one: the JSON of a point
+    shrinks by about a third, and no chart can show the difference."""
+    if not values:
+        return values
+    array = np.asarray(values, dtype=np.float64)
+    largest = float(np.max(np.abs(array)))
+    if largest == 0:
+        return values
+    decimals = digits - 1 - math.floor(math.log10(largest))
+    return np.round(array, decimals).tolist()
 
 
 def epoch_ms(ts: datetime) -> float:
@@ -69,13 +93,17 @@ def epoch_ms(ts: datetime) -> float:
 
 
 def rank_traces(
-    series_by_rank: Mapping[int, Series], max_points: int = MAX_POINTS_PER_TRACE
+    series_by_rank: Mapping[int, Series], max_points: int | None = None
 ) -> list[dict[str, Any]]:
-    """One line trace per rank, in rank order, each downsampled to ``max_points``."""
+    """One line trace per rank, in rank order, each downsampled to ``max_points`` (by default
+    the chart's point budget shared between its ranks)."""
+    if max_points is None:
+        max_points = points_per_trace(len(series_by_rank))
     traces = []
     for rank in sorted(series_by_rank):
         x, y = series_by_rank[rank]
         xs, ys = downsample_minmax(x, y, max_points)
+        ys = _rounded(ys)
         traces.append(
             {
                 "type": "scatter",
@@ -90,7 +118,8 @@ def rank_traces(
     return traces
 
 
-def _layout(title: str, x_title: str, y_title: str, *, x_is_time: bool) -> dict[str, Any]:
+def _layout(title: str, x_title: str, y_title: str, *, x_is_time: bool,
+            note: str = "") -> dict[str, Any]:
     axis = {
         "gridcolor": "#e6e9ef",
         "zeroline": False,
@@ -100,7 +129,8 @@ def _layout(title: str, x_title: str, y_title: str, *, x_is_time: bool) -> dict[
         "automargin": True,
     }
     return {
-        "title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 13}},
+        "title": {"text": f"{title} <span style='font-size:11px;color:#6b7280'>{note}</span>"
+                  if note else title, "x": 0, "xanchor": "left", "font": {"size": 13}},
         "xaxis": {**axis, "title": {"text": x_title}, **({"type": "date"} if x_is_time else {})},
         "yaxis": {**axis, "title": {"text": y_title}},
         "margin": {"l": 56, "r": 16, "t": 32, "b": 36},
@@ -119,28 +149,34 @@ def _layout(title: str, x_title: str, y_title: str, *, x_is_time: bool) -> dict[
     }
 
 
-def loss_figure(loss_by_rank: Mapping[int, Series]) -> Figure:
-    """Loss against step, one trace per rank."""
+def loss_figure(loss_by_rank: Mapping[int, Series], note: str = "") -> Figure:
+    """Loss against step, one trace per rank. ``note`` says what a point is when it is not one
+    step (a minute's mean, on long runs)."""
     return {
         "data": rank_traces(loss_by_rank),
-        "layout": _layout("Loss", "step", "loss", x_is_time=False),
+        "layout": _layout("Loss", "step", "loss", x_is_time=False, note=note),
     }
 
 
-def throughput_figure(rate_by_rank: Mapping[int, Series], unit: str) -> Figure:
-    """Per-step throughput against wall-clock time, one trace per rank; x values are datetimes."""
+def throughput_figure(rate_by_rank: Mapping[int, Series], unit: str, note: str = "") -> Figure:
+    """Throughput against wall-clock time, one trace per rank; x values are datetimes, or Unix
+    seconds as a NumPy array."""
     in_ms = {
-        rank: ([epoch_ms(t) for t in x], y) for rank, (x, y) in rate_by_rank.items()
+        # Whole milliseconds: a date axis shows nothing finer, and integers are short in JSON.
+        rank: (np.round(x * 1000.0).astype(np.int64) if isinstance(x, np.ndarray)
+               else [round(epoch_ms(t)) for t in x], y)
+        for rank, (x, y) in rate_by_rank.items()
     }
     return {
         "data": rank_traces(in_ms),
-        "layout": _layout(f"Throughput per rank ({unit})", "time (UTC)", unit, x_is_time=True),
+        "layout": _layout(f"Throughput per rank ({unit})", "time (UTC)", unit, x_is_time=True,
+                          note=note),
     }
 
 
-def step_duration_figure(duration_by_rank: Mapping[int, Series]) -> Figure:
+def step_duration_figure(duration_by_rank: Mapping[int, Series], note: str = "") -> Figure:
     """Step duration against step, one trace per rank: stragglers and slow steps stand out."""
     return {
         "data": rank_traces(duration_by_rank),
-        "layout": _layout("Step duration", "step", "seconds", x_is_time=False),
+        "layout": _layout("Step duration", "step", "seconds", x_is_time=False, note=note),
     }

@@ -14,6 +14,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 RECENT_WINDOW_S = 60.0
 
 
@@ -113,4 +115,21 @@ def step_rates(
             rates.append(None if count is None else count / duration)
         else:
             rates.append(1.0 / duration)
+    return rates
+
+
+def minute_rates(tokens: np.ndarray, duration_sum: np.ndarray, duration_n: np.ndarray,
+                 unit: str) -> np.ndarray:
+    """The rate of each minute of a rank's steps, from its rollup sums: tokens over the time its
+    steps took (tokens/s), or steps over that time (steps/s). The same quantity as step_rates
+    over the minute's steps, weighted by their duration. A minute with no usable duration, or no
+    tokens in tokens/s, has no rate (NaN)."""
+    tokens, seconds, steps = (np.asarray(a, dtype=np.float64)
+                              for a in (tokens, duration_sum, duration_n))
+    usable = (steps > 0) & np.isfinite(seconds) & (seconds > 0)
+    if unit == TOKENS_PER_S:
+        usable &= np.isfinite(tokens) & (tokens > 0)
+    numerator = tokens if unit == TOKENS_PER_S else steps
+    rates = np.full(len(seconds), np.nan)
+    np.divide(numerator, seconds, out=rates, where=usable)
     return rates

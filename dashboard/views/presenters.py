@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from django.urls import reverse
 
 from collectors import queries
@@ -18,6 +19,9 @@ from dashboard.views import formatting
 # More lines than this on one chart is a blur, and each costs a downsampled series per refresh;
 # the first ranks are shown and the page says how many there are.
 MAX_RANK_TRACES = 16
+# Above this many step rows in the ranks shown, the run page reads the per-minute rollups instead
+# of the rows (about 100 ms of reading and downsampling on the 2-core benchmark machine).
+RAW_STEP_ROWS_LIMIT = 40_000
 
 # Runs in these states will not change again: their pages stop polling.
 FINAL_STATUSES = frozenset({Run.Status.FINISHED, Run.Status.FAILED})
@@ -71,9 +75,33 @@ def run_header(run: Run, now: datetime) -> dict[str, Any]:
 
 
 def run_series(run: Run, now: datetime) -> dict[str, Any]:
-    """Everything the run page redraws on a refresh: header numbers and the three figures."""
+    """Everything the run page redraws on a refresh: header numbers and the three figures.
+
+    Up to RAW_STEP_ROWS_LIMIT step rows in the ranks shown, the charts are drawn from the rows
+    themselves (every step, downsampled keeping each bucket's extremes). Beyond that they are
+    drawn from the per-minute rollups, so a run of weeks costs what a run of hours does: loss
+    is each minute's mean, throughput the minute's tokens over the time its steps took, and step
+    duration the minute's slowest step, so a slow step is never averaged away."""
     # Not bounded by world_size: a launcher that under-reports it must not hide ranks.
-    steps_by_rank = queries.run_steps_by_rank(run, range(MAX_RANK_TRACES))
+    ranks = range(MAX_RANK_TRACES)
+    minutes = queries.run_step_minutes_by_rank(run, ranks)
+    summarised = sum(float(m.steps.sum()) for m in minutes.values())
+    if summarised > RAW_STEP_ROWS_LIMIT:
+        charts_by_name, shown, resolution = _minute_charts(minutes), len(minutes), "minute"
+    else:
+        steps_by_rank = queries.run_steps_by_rank(run, ranks)
+        charts_by_name, shown, resolution = _step_charts(steps_by_rank), len(steps_by_rank), "step"
+    return {
+        "run": run_header(run, now),
+        "ranks_shown": shown,
+        "ranks_total": max(run.world_size, shown),
+        "resolution": resolution,
+        "charts": charts_by_name,
+        "generated_at": now.isoformat(),
+    }
+
+
+def _step_charts(steps_by_rank: dict[int, queries.RankSteps]) -> dict[str, Any]:
     unit = throughput.rate_unit(t for rank in steps_by_rank.values() for t in rank.tokens)
     loss = {rank: (s.step, s.loss) for rank, s in steps_by_rank.items()}
     duration = {rank: (s.step, s.duration_s) for rank, s in steps_by_rank.items()}
@@ -82,13 +110,26 @@ def run_series(run: Run, now: datetime) -> dict[str, Any]:
         for rank, s in steps_by_rank.items()
     }
     return {
-        "run": run_header(run, now),
-        "ranks_shown": len(steps_by_rank),
-        "ranks_total": max(run.world_size, len(steps_by_rank)),
-        "charts": {
-            "loss": charts.loss_figure(loss),
-            "throughput": charts.throughput_figure(rate, unit),
-            "duration": charts.step_duration_figure(duration),
-        },
-        "generated_at": now.isoformat(),
+        "loss": charts.loss_figure(loss),
+        "throughput": charts.throughput_figure(rate, unit),
+        "duration": charts.step_duration_figure(duration),
+    }
+
+
+def _minute_charts(minutes: dict[int, queries.RankMinutes]) -> dict[str, Any]:
+    unit = (throughput.TOKENS_PER_S if any(m.tokens.sum() > 0 for m in minutes.values())
+            else throughput.STEPS_PER_S)
+    # Every rollup row counts at least one step, so its last step is never null.
+    step = {rank: m.last_step.astype(np.int64) for rank, m in minutes.items()}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loss = {rank: (step[rank], m.loss_sum / m.loss_n) for rank, m in minutes.items()}
+    duration = {rank: (step[rank], m.duration_max) for rank, m in minutes.items()}
+    rate = {
+        rank: (m.minute, throughput.minute_rates(m.tokens, m.duration_sum, m.duration_n, unit))
+        for rank, m in minutes.items()
+    }
+    return {
+        "loss": charts.loss_figure(loss, note="mean per minute"),
+        "throughput": charts.throughput_figure(rate, unit, note="per minute"),
+        "duration": charts.step_duration_figure(duration, note="slowest step per minute"),
     }
