@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 import numpy as np
 from django.db import connection
@@ -31,7 +30,7 @@ from collectors.models import (
     Run,
     StepMetric,
 )
-from collectors.timestamps import from_epoch, to_epoch
+from collectors.timestamps import from_epoch
 
 
 @dataclass(frozen=True)
@@ -46,24 +45,53 @@ class RawPower:
 def raw_power(run: Run, start: float, end: float) -> RawPower:
     """Every power sample of the run with start <= ts <= end."""
     if connection.vendor == "postgresql":
-        sql = (f"SELECT extract(epoch FROM ts), host, gpu, power_w FROM {GpuSample._meta.db_table} "
-               "WHERE run_id = %s AND ts >= %s AND ts <= %s AND power_w IS NOT NULL")
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [run.pk, from_epoch(start), from_epoch(end)])
-            rows = cursor.fetchall()
-        rows = [(float(ts), host, gpu, watts) for ts, host, gpu, watts in rows]
-    else:
-        rows = [(ts.timestamp(), host, gpu, watts) for ts, host, gpu, watts in
-                GpuSample.objects.filter(run=run, ts__gte=from_epoch(start), ts__lte=from_epoch(end),
+        packed = _raw_power_packed(run, start, end)
+        if packed is not None:
+            return packed
+    rows = list(GpuSample.objects.filter(run=run, ts__gte=from_epoch(start), ts__lte=from_epoch(end),
                                          power_w__isnull=False)
-                .values_list("ts", "host", "gpu", "power_w")]
-    if not rows:
+                .values_list("ts", "host", "gpu", "power_w"))
+    hosts: dict[str, int] = {}
+    return RawPower(
+        np.array([r[0].timestamp() for r in rows], dtype=np.float64),
+        np.array([hosts.setdefault(r[1], len(hosts)) * 65_536 + r[2] for r in rows],
+                 dtype=np.int64),
+        np.array([r[3] for r in rows], dtype=np.float64))
+
+
+# The window's samples come back as three bytea values of packed big-endian numbers (one
+# aggregate pass, so the three are in the same row order), read straight into numpy: a row at a
+# time through the driver costs seconds for a few hundred thousand rows. A (host, gpu) pair
+# becomes hashtext(host) * 65536 + gpu: numbering hosts with a window function or a join costs
+# several times the scan itself; two hosts with one hash (odds ~ hosts² / 2^33) are detected on
+# the window's GpuMinute rows and read the slow, exact way instead.
+_RAW_SQL = """
+SELECT string_agg(float8send(extract(epoch FROM ts)::float8), ''::bytea),
+       string_agg(int8send(hashtext(host)::int8 * 65536 + gpu), ''::bytea),
+       string_agg(float8send(power_w), ''::bytea)
+FROM {table}
+WHERE run_id = %(run)s AND ts >= %(start)s AND ts <= %(end)s AND power_w IS NOT NULL
+"""
+_HASHES_SQL = """
+SELECT count(DISTINCT host), count(DISTINCT hashtext(host)) FROM {table}
+WHERE run_id = %(run)s AND minute >= date_trunc('minute', %(start)s::timestamptz) AND minute <= %(end)s
+"""
+
+
+def _raw_power_packed(run: Run, start: float, end: float) -> RawPower | None:
+    params = {"run": run.pk, "start": from_epoch(start), "end": from_epoch(end)}
+    with connection.cursor() as cursor:
+        cursor.execute(_HASHES_SQL.format(table=GpuMinute._meta.db_table), params)
+        hosts, hashes = cursor.fetchone()
+        if hosts != hashes:
+            return None
+        cursor.execute(_RAW_SQL.format(table=GpuSample._meta.db_table), params)
+        ts, key, watts = cursor.fetchone()
+    if ts is None:
         return RawPower(np.empty(0), np.empty(0, dtype=np.int64), np.empty(0))
-    ts, hosts, gpus, watts = zip(*rows, strict=True)
-    _, host_id = np.unique(np.array(hosts, dtype=object), return_inverse=True)
-    return RawPower(np.array(ts, dtype=np.float64),
-                    host_id.astype(np.int64) * 65_536 + np.array(gpus, dtype=np.int64),
-                    np.array(watts, dtype=np.float64))
+    return RawPower(np.frombuffer(bytes(ts), ">f8").astype(np.float64),
+                    np.frombuffer(bytes(key), ">i8").astype(np.int64),
+                    np.frombuffer(bytes(watts), ">f8").astype(np.float64))
 
 
 @dataclass(frozen=True)
@@ -94,15 +122,13 @@ def minute_power(run: Run) -> MinuteRows:
     return MinuteRows(minutes, per_minute)
 
 
-def happenings(run: Run, start: float, end: float, *, min_gap_s: float = 60.0,
-               gap_windows: Sequence[tuple[float, float]] | None = None) -> list[Happening]:
-    """Checkpoints (saves and loads merged over ranks, their blocking span), interruptions,
-    attempt starts (to the attempt's first step) within [start, end]; then stalls: gaps in step
-    completions longer than ``min_gap_s`` inside ``gap_windows`` (default: the whole range) that
-    none of those explain."""
+def happenings(run: Run, start: float, end: float) -> list[Happening]:
+    """Checkpoints (saves and loads merged over ranks, their blocking span), interruptions (from
+    the attempt's last step to the report), attempt starts (to the attempt's first step) within
+    [start, end]."""
     lo, hi = from_epoch(start), from_epoch(end)
     found: list[Happening] = []
-    saves = (Checkpoint.objects.filter(run=run, ts__gte=lo, ts__lte=hi)
+    saves = (Checkpoint.objects.filter(run=run, ts__gte=lo, ts__lte=hi).order_by()
              .values("attempt__number", "kind", "step")
              .annotate(first=Min("ts"), last=Max("ts"), longest=Max("duration_s")))
     for c in saves:
@@ -111,30 +137,40 @@ def happenings(run: Run, start: float, end: float, *, min_gap_s: float = 60.0,
         step = f" of step {c['step']}" if c["step"] is not None else ""
         found.append(Happening("checkpoint", began, c["last"].timestamp(), f"checkpoint {what}{step}"))
     for i in Interruption.objects.filter(run=run, ts__gte=lo, ts__lte=hi).select_related("attempt"):
-        found.append(Happening("interruption", i.ts.timestamp(), i.ts.timestamp(),
+        # The GPUs stopped computing at the attempt's last step, not at the report (a watchdog
+        # may take minutes to notice): the happening spans both.
+        last_step = (StepMetric.objects.filter(run=run, attempt=i.attempt, ts__lte=i.ts)
+                     .order_by("-ts").values_list("ts", flat=True).first())
+        began = min(last_step, i.ts).timestamp() if last_step else i.ts.timestamp()
+        found.append(Happening("interruption", began, i.ts.timestamp(),
                                f"{i.effective_category} ({i.source}), attempt {i.attempt.number}"))
-    attempts = list(Attempt.objects.filter(run=run).order_by("number"))
-    first_number = attempts[0].number if attempts else None
-    for a in attempts:
+    for a in Attempt.objects.filter(run=run).order_by("number"):
         if a.started_at is None or not (lo <= a.started_at <= hi):
             continue
         first_step = (StepMetric.objects.filter(run=run, attempt=a, ts__gte=a.started_at)
                       .order_by("ts").values_list("ts", flat=True).first())
         until = first_step.timestamp() if first_step else a.started_at.timestamp()
-        kind = "start" if a.number == first_number else "restart"
-        found.append(Happening(kind, a.started_at.timestamp(), until,
-                               f"attempt {a.number} {'started' if kind == 'start' else 'restarted'}"))
-    for w0, w1 in gap_windows if gap_windows is not None else [(start, end)]:
-        steps = step_times(run, w0, w1)
-        found.extend(power.stall_happenings(power.step_gaps(steps, min_gap_s), found))
+        found.append(Happening("restart", a.started_at.timestamp(), until,
+                               f"attempt {a.number} started"))
     return found
 
 
-def step_times(run: Run, start: float, end: float) -> np.ndarray:
-    """End times of every rank's steps within [start, end], Unix seconds."""
-    stamps = (StepMetric.objects.filter(run=run, ts__gte=from_epoch(start), ts__lte=from_epoch(end))
-              .values_list("ts", flat=True))
-    return np.array([t.timestamp() for t in stamps], dtype=np.float64)
+def stalls(run: Run, probes: Sequence[float], min_gap_s: float,
+           explained_by: Sequence[Happening]) -> list[Happening]:
+    """For each time in ``probes`` (a swing's middle), the gap between the last step any rank
+    completed before it and the first after, when longer than ``min_gap_s`` and none of
+    ``explained_by`` overlaps it. Two index lookups per probe: no range of steps is read."""
+    gaps = set()
+    for probe in probes:
+        when = from_epoch(probe)
+        before = (StepMetric.objects.filter(run=run, ts__lte=when).order_by("-ts")
+                  .values_list("ts", flat=True).first())
+        after = (StepMetric.objects.filter(run=run, ts__gte=when).order_by("ts")
+                 .values_list("ts", flat=True).first())
+        if before is not None and after is not None:
+            gaps.add((before.timestamp(), after.timestamp()))
+    return power.stall_happenings([g for g in sorted(gaps) if g[1] - g[0] > min_gap_s],
+                                  explained_by)
 
 
 def median_step_s(run: Run) -> float | None:
@@ -216,6 +252,3 @@ def gpu_events(run: Run, limit: int = 1000) -> list[gpu_health.GpuEvent]:
     return [gpu_health.gpu_event(ts.timestamp(), host, kind, payload)
             for ts, host, kind, payload in rows]
 
-
-def epoch(value: datetime | None) -> float | None:
-    return to_epoch(value)

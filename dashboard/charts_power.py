@@ -19,7 +19,6 @@ CAUSE_COLORS = {
     "checkpoint": "#4e79a7",
     "interruption": "#e15759",
     "restart": "#f28e2b",
-    "start": "#f28e2b",
     "stall": "#b07aa1",
     None: "#9aa3b2",
 }

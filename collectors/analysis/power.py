@@ -34,11 +34,13 @@ summed sensors) or ``limit`` swings. A swing reports:
   ``peak_rate_kw_s``: the steepest single step of P within it, in the swing's direction.
 
 **Causes.** ``annotate`` attaches every happening whose span, widened by ``tolerance_s`` on both
-sides, overlaps [start, end]: checkpoint saves/loads (their blocking span), interruptions, restarts
-(an attempt's start up to its first step; the first attempt is the run's ``start``), stalls (gaps in
-step completions across all ranks that nothing else explains, see ``step_gaps``). The cause shown is
-the first present of interruption, restart, start, stall, checkpoint — a restart also loads a
-checkpoint, but the restart is why the whole cluster moved.
+sides, overlaps [start, end]: checkpoint saves/loads (their blocking span), interruptions (from the
+attempt's last step before it, when the GPUs stopped computing, to its report, which may come
+minutes later after a watchdog timeout), restarts (an attempt's start up to its first step, the
+first attempt included: the whole cluster ramps up either way), stalls (gaps in step completions
+across all ranks that nothing else explains, see ``step_gaps``). The cause shown is the first
+present of interruption, restart, stall, checkpoint — a restart also loads a checkpoint, but the
+restart is why the whole cluster moved.
 """
 
 from __future__ import annotations
@@ -55,12 +57,15 @@ DEFAULT_WINDOW_S = 60.0
 STALE_INTERVALS = 3.0
 #: When the interval cannot be measured (one sample per GPU): carry for this long.
 DEFAULT_STALE_S = 30.0
+#: A second needs fresh samples from this fraction of the GPUs reporting around it.
+DEFAULT_MIN_COVERAGE = 0.98
+DEFAULT_COVERAGE_WINDOW_S = 600.0
 #: Swings smaller than this fraction of the peak power are noise of summed sensors.
 DEFAULT_MIN_FRACTION = 0.05
 #: A swing's transition starts/ends within this fraction of |delta| of its levels.
 LEVEL_BAND = 0.1
 #: Priority of causes, most telling first.
-CAUSE_ORDER = ("interruption", "restart", "start", "stall", "checkpoint")
+CAUSE_ORDER = ("interruption", "restart", "stall", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,14 @@ def sample_interval(ts: np.ndarray, gpu: np.ndarray) -> float | None:
     return float(np.median(gaps)) if len(gaps) else None
 
 
+def rollup_interval(samples: np.ndarray, gpus: np.ndarray) -> float | None:
+    """The sample interval the per-minute rollup implies: the median over minutes of
+    60 s × GPUs / samples (a GPU sampled every 10 s gives 6 samples a minute)."""
+    samples, gpus = np.asarray(samples, dtype=np.float64), np.asarray(gpus, dtype=np.float64)
+    full = (samples > 0) & (gpus > 0)
+    return float(np.median(60.0 * gpus[full] / samples[full])) if full.any() else None
+
+
 def default_stale_after(ts: np.ndarray, gpu: np.ndarray) -> float:
     interval = sample_interval(ts, gpu)
     return DEFAULT_STALE_S if interval is None else STALE_INTERVALS * interval
@@ -149,6 +162,8 @@ def cluster_power(
     ts: Sequence[float] | np.ndarray, gpu: Sequence[int] | np.ndarray,
     power_w: Sequence[float | None] | np.ndarray, *, stale_after_s: float | None = None,
     start: float | None = None, end: float | None = None,
+    min_coverage: float = DEFAULT_MIN_COVERAGE,
+    coverage_window_s: float = DEFAULT_COVERAGE_WINDOW_S,
 ) -> PowerSeries:
     """P(s) per whole second from raw samples (module doc). ``gpu`` is any integer id of a
     (host, gpu) pair. ``start``/``end`` bound the grid (default: the first and last sample); pass
@@ -185,14 +200,43 @@ def cluster_power(
     watts = np.cumsum(np.bincount(begin, power, n + 1) - np.bincount(stop, power, n + 1))[:n]
     counts = np.cumsum(np.bincount(begin, minlength=n + 1) - np.bincount(stop, minlength=n + 1))[:n]
     kw = np.where(counts > 0, np.round(watts, 6) / 1000.0, np.nan)
+    kw = mask_partial(kw, counts, min_coverage, int(coverage_window_s))
     return PowerSeries(float(first), 1.0, kw, counts.astype(np.int64))
+
+
+def mask_partial(kw: np.ndarray, gpus: np.ndarray, min_coverage: float, window: int) -> np.ndarray:
+    """``kw`` with NaN wherever fewer than ``min_coverage`` of the most GPUs counted within
+    ``window`` grid steps either side contributed (module doc)."""
+    if len(kw) == 0 or min_coverage <= 0:
+        return kw
+    reference = centered_max(gpus.astype(np.float64), max(0, window))
+    return np.where(gpus >= min_coverage * reference, kw, np.nan)
+
+
+def centered_max(values: np.ndarray, half: int) -> np.ndarray:
+    """max(values[i - half .. i + half]) for every i, in O(n) whatever the window (van Herk /
+    Gil-Werman: prefix and suffix maxima within blocks of the window's length)."""
+    n = len(values)
+    k = 2 * half + 1
+    if half == 0 or n == 0:
+        return values.copy()
+    padded = np.concatenate((np.full(half, -np.inf), values, np.full(half, -np.inf)))
+    blocks = -(-len(padded) // k)
+    padded = np.concatenate((padded, np.full(blocks * k - len(padded), -np.inf))).reshape(blocks, k)
+    prefix = np.maximum.accumulate(padded, axis=1).ravel()
+    suffix = np.maximum.accumulate(padded[:, ::-1], axis=1)[:, ::-1].ravel()
+    # Window [i, i + k - 1] of the padded array is centred on values[i].
+    return np.maximum(suffix[:n], prefix[k - 1:k - 1 + n])
 
 
 def minute_power(minute: Sequence[float] | np.ndarray, mean_kw: Sequence[float] | np.ndarray,
                  upper_kw: Sequence[float] | np.ndarray, lower_kw: Sequence[float] | np.ndarray,
-                 gpus: Sequence[int] | np.ndarray) -> MinutePower:
+                 gpus: Sequence[int] | np.ndarray, *, min_coverage: float = DEFAULT_MIN_COVERAGE,
+                 ) -> MinutePower:
     """The per-minute series on a regular grid from rollup sums (minute = Unix seconds of the
-    minute's start, ascending); minutes without rows become gaps."""
+    minute's start, ascending); minutes without rows become gaps, and so do minutes in which
+    fewer than ``min_coverage`` of the GPUs reporting within ten minutes reported (a partial sum).
+    The bounds stay: a swing's second may lie in a partial minute."""
     minute = np.asarray(minute, dtype=np.float64)
     if len(minute) == 0:
         empty = np.empty(0)
@@ -205,8 +249,10 @@ def minute_power(minute: Sequence[float] | np.ndarray, mean_kw: Sequence[float] 
         out[index] = np.asarray(values, dtype=dtype)
         return out
 
-    series = PowerSeries(float(minute[0]), 60.0, grid(mean_kw), grid(gpus, 0, np.int64))
-    return MinutePower(series, grid(upper_kw), grid(lower_kw))
+    counts = grid(gpus, 0, np.int64)
+    mean = mask_partial(grid(mean_kw), counts, min_coverage, 10)
+    return MinutePower(PowerSeries(float(minute[0]), 60.0, mean, counts), grid(upper_kw),
+                       grid(lower_kw))
 
 
 # --- swings -------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ def test_a_gpus_last_value_is_carried_until_its_next_sample():
     ts = [T0, T0 + 10, T0 + 5]
     gpu = [0, 0, 1]
     watts = [500.0, 300.0, 200.0]
-    series = cluster_power(ts, gpu, watts, stale_after_s=30)
+    series = cluster_power(ts, gpu, watts, stale_after_s=30, min_coverage=0)
     assert series.start == T0 and len(series) == 11
     assert series.kw[:5].tolist() == [0.5] * 5
     assert series.kw[5:10].tolist() == [0.7] * 5
@@ -38,13 +38,17 @@ def test_a_stale_gpu_stops_counting_and_an_all_stale_second_is_a_gap_not_zero():
     ts = [T0 + t for t in range(0, 101, 10)] + [T0, T0 + 10, T0 + 20]
     gpu = [0] * 11 + [1] * 3
     watts = [600.0] * 11 + [400.0] * 3
-    series = cluster_power(ts, gpu, watts, end=T0 + 200)  # default staleness: 3 x 10 s
+    # Default staleness: 3 x 10 s. (Coverage off: see the next tests for partial sums.)
+    series = cluster_power(ts, gpu, watts, end=T0 + 200, min_coverage=0)
     at = {int(t - T0): v for t, v in zip(series.times, series.kw, strict=True)}
     assert at[49] == pytest.approx(1.0)  # GPU 1's t=20 sample still carried (< 20 + 30)
     assert at[50] == pytest.approx(0.6)  # ...and no longer
     assert at[129] == pytest.approx(0.6)
     assert math.isnan(at[130]) and math.isnan(at[200])
     assert series.gpus[130] == 0
+    # With the default coverage, a second that only GPU 0 covers is no cluster sum at all.
+    covered = cluster_power(ts, gpu, watts, end=T0 + 200)
+    assert covered.kw[49] == pytest.approx(1.0) and math.isnan(covered.kw[50])
 
 
 def test_default_staleness_is_three_median_sample_intervals():
@@ -192,3 +196,32 @@ def test_histogram_splits_rises_and_falls_on_shared_bins():
     assert histogram.rises == [1, 1, 0, 1]
     assert histogram.falls == [0, 1, 0, 1]
     assert power.swing_histogram([]).rises == []
+
+
+def test_centered_max_matches_the_obvious_definition():
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 100, 1000).astype(float)
+    for half in (0, 1, 7, 50, 2000):
+        expected = [values[max(0, i - half):i + half + 1].max() for i in range(1000)]
+        assert power.centered_max(values, half).tolist() == expected
+
+
+def test_gpus_going_silent_one_by_one_are_a_gap_not_a_fall():
+    # 20 GPUs at 500 W sampled every 10 s; the job dies at t=600 and each GPU's sampler stops
+    # within the next 10 s. Carried forward, they go stale one by one: a partial sum, not a swing.
+    ts, gpu, watts = [], [], []
+    for g in range(20):
+        for t in range(g % 10, 600 + g % 10, 10):
+            ts.append(T0 + t)
+            gpu.append(g)
+            watts.append(500.0)
+    series = cluster_power(ts, gpu, watts, end=T0 + 700)
+    assert series.kw[100] == pytest.approx(10.0)
+    assert find_swings(series) == []
+    # Complete from t=9 (every GPU's first sample in) to t=619 (GPU 0's last goes stale at 620).
+    assert not np.isnan(series.kw[9:620]).any()
+    assert np.isnan(series.kw[:9]).all() and np.isnan(series.kw[620:]).all()
+    assert series.gpus[620] == 18  # two GPUs per phase
+    raw = cluster_power(ts, gpu, watts, end=T0 + 700, min_coverage=0)
+    # What partial sums would have read: a rise as the samplers start, a fall as they stop.
+    assert sorted(round(s.delta_kw) for s in find_swings(raw)) == [-9, 9]
