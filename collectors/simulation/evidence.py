@@ -16,15 +16,16 @@ from typing import Any
 #: Categories our taxonomy files as expected (announced or asked for); the rest count as unexpected.
 EXPECTED_CATEGORIES = frozenset({"host_maintenance", "planned"})
 
-#: Seconds from the failure to the interruption event, per category: a crashing process reports
-#: at once; a hung collective waits for the NCCL watchdog; a dead node is noticed by the scheduler.
+#: Seconds from the failure to the interruption event, per category, while the other ranks sit in
+#: their collectives (GPUs spinning, little power): torchrun notices a crashed worker and tears
+#: the group down within half a minute; a hung collective waits for the NCCL watchdog; a dead node
+#: is noticed by the scheduler.
 DETECTION_S = {
     "nccl_timeout": 600.0,
-    "network": 30.0,
-    "host": 45.0,
-    "host_maintenance": 20.0,
+    "network": 40.0,
+    "host": 60.0,
 }
-DEFAULT_DETECTION_S = 5.0
+DEFAULT_DETECTION_S = 30.0
 
 _TRACEBACK = """Traceback (most recent call last):
   File "/workspace/train.py", line 412, in <module>

@@ -59,32 +59,39 @@ _CAUSE_OF_EDGE = {
     (physics.CHECKPOINT, physics.HANG): "interruption",
     (physics.STARTUP, physics.BUSY): "restart",
     (physics.STARTUP, physics.STALL): "restart",
-    (physics.HANG, physics.STARTUP): "restart",  # carried forward through the downtime
 }
 
 
 def power_swings(plan: Plan) -> list[dict[str, Any]]:
     """Every change of the job's state that moves cluster power, with its size and cause.
 
-    Cluster power is the sum over GPUs of each one's latest sample (carried forward through the
-    downtime, when nobody samples); a change reaches every GPU's samples within one sample
-    interval, so a swing runs from the edge to one interval after it."""
+    Cluster power is the sum over GPUs of each one's latest sample. A change reaches every GPU's
+    samples within one sample interval, so a swing runs from the edge to one interval after it.
+    Only changes the samples can show are listed: both levels held for two sample intervals at
+    least, and none across the downtime after an interruption (nobody samples then: a gap, not
+    a level)."""
     swings = []
+    interval = plan.config.sample_interval_s
+    starts = plan.seg_start.tolist()
+    states = plan.seg_state.tolist()
+    ends = starts[1:] + [plan.end]
     previous = None
-    for start, state in zip(plan.seg_start.tolist(), plan.seg_state.tolist(), strict=True):
+    previous_span = 0.0
+    for start, end, state in zip(starts, ends, states, strict=True):
+        span = min(end, plan.end) - start
         if state == physics.DOWN:
-            continue  # nothing sampled: the last level is carried forward
-        if previous is not None and previous != state:
-            cause = _CAUSE_OF_EDGE.get((previous, state))
-            if cause is not None and start < plan.end:
-                delta = cluster_level_w(plan, state, start) - cluster_level_w(plan, previous, start)
-                swings.append({
-                    "start": _iso(start),
-                    "end": _iso(start + plan.config.sample_interval_s),
-                    "delta_kw": round(delta / 1000.0, 3),
-                    "cause": cause,
-                })
-        previous = state
+            previous = None
+            continue
+        cause = _CAUSE_OF_EDGE.get((previous, state)) if previous is not None else None
+        if cause is not None and previous_span >= 2 * interval and span >= 2 * interval:
+            delta = cluster_level_w(plan, state, start) - cluster_level_w(plan, previous, start)
+            swings.append({
+                "start": _iso(start),
+                "end": _iso(start + interval),
+                "delta_kw": round(delta / 1000.0, 3),
+                "cause": cause,
+            })
+        previous, previous_span = state, span
     swings.sort(key=lambda swing: -abs(swing["delta_kw"]))
     return swings
 

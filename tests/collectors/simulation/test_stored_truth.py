@@ -145,6 +145,37 @@ def test_stored_steps_carry_the_planted_time_of_day_swing(truth, run):
         assert deviation == pytest.approx(truth.hourly_deviation_pct[hour], abs=0.2)
 
 
+def test_planted_power_swings_are_in_the_stored_samples(truth, run):
+    """Cluster power (each GPU's latest sample, summed) one sample interval before a planted swing
+    and one after it differs by the planted delta, for every swing the truth lists."""
+    rows = GpuSample.objects.filter(run=run).order_by("ts").values_list("host", "gpu", "ts",
+                                                                       "power_w")
+    per_gpu: dict[tuple, list] = {}
+    for host, gpu, ts, power in rows:
+        per_gpu.setdefault((host, gpu), []).append((ts.timestamp(), power))
+    per_gpu = {key: np.array(values) for key, values in per_gpu.items()}
+    assert len(per_gpu) == 16
+
+    def cluster_kw(at: float) -> float:
+        total = 0.0
+        for rows in per_gpu.values():
+            i = np.searchsorted(rows[:, 0], at, side="right") - 1
+            assert i >= 0
+            total += rows[i, 1]
+        return total / 1000.0
+
+    swings = truth.swings
+    assert {s["cause"] for s in swings} >= {"checkpoint", "restart", "interruption", "stall"}
+    assert swings[0]["cause"] == "restart"  # the whole cluster ramps from startup to busy
+    for swing in swings:
+        start = datetime.fromisoformat(swing["start"]).timestamp()
+        end = datetime.fromisoformat(swing["end"]).timestamp()
+        measured = cluster_kw(end + 1) - cluster_kw(start - 1)
+        # Sensor noise summed over 16 GPUs, and leakage that follows each sample's own noise.
+        assert measured == pytest.approx(swing["delta_kw"], abs=0.1 * abs(swing["delta_kw"]) + 0.3), \
+            swing
+
+
 def _mean_power(run: Run, t0: float, t1: float) -> float:
     values = GpuSample.objects.filter(
         run=run, ts__gte=datetime.fromtimestamp(t0, tz=UTC), ts__lte=datetime.fromtimestamp(t1, tz=UTC),
