@@ -75,44 +75,90 @@ def host_minute_batch(project: str, run: str, sequence: int, t0: float, hosts: i
     return batch
 
 
-def bare_copy(rows: int, t0: float) -> float:
-    """Seconds for psycopg's own binary COPY (write_row per row) of ``rows`` GPU rows into a
-    temporary table with the same columns and no index: the ceiling of the database side."""
+class Meter:
+    """Wall time, this process's CPU time and the CPU time of this connection's PostgreSQL backend
+    (read from /proc: the database must run on this machine) over a measured call. CPU time is
+    the steadier measure on a shared machine: waiting for a core does not count in it."""
+
+    def __init__(self) -> None:
+        from django.db import connection
+
+        self.backend_stat = None
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                stat = Path(f"/proc/{cursor.fetchone()[0]}/stat")
+            self.backend_stat = stat if stat.exists() else None
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def backend_cpu(self) -> float:
+        if self.backend_stat is None:
+            return float("nan")
+        fields = self.backend_stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
+
+    def measure(self, call) -> tuple[float, float, float]:
+        wall, cpu, backend = time.perf_counter(), time.process_time(), self.backend_cpu()
+        call()
+        return (time.perf_counter() - wall, time.process_time() - cpu,
+                self.backend_cpu() - backend)
+
+
+def gpu_rows(rows: int, t0: float, run_id: int, attempt_id: int) -> list[tuple]:
     from datetime import UTC, datetime
 
-    from django.db import connection
+    return [(run_id, attempt_id, "node000", i % 8, datetime.fromtimestamp(t0 + i // 8, tz=UTC),
+             65.0, 650.0, 99.0, 70000.0, 1980.0, 0, True) for i in range(rows)]
 
-    data = [(1, 1, "node000", i % 8, datetime.fromtimestamp(t0 + i // 8, tz=UTC), 65.0, 650.0,
-             99.0, 70000.0, 1980.0, 0, True) for i in range(rows)]
-    with connection.cursor() as cursor:
-        raw = cursor.cursor
-        raw.execute("CREATE TEMP TABLE IF NOT EXISTS bench_gpu (LIKE collectors_gpusample "
-                    "INCLUDING DEFAULTS)")
-        raw.execute("ALTER TABLE bench_gpu DROP COLUMN IF EXISTS id")
-        start = time.perf_counter()
-        with raw.copy("COPY bench_gpu (run_id, attempt_id, host, gpu, ts, temp_c, power_w, "
-                      "util_pct, mem_used_mb, sm_clock_mhz, throttle, simulated) FROM STDIN "
-                      "(FORMAT BINARY)") as copy:
+
+def bare_copy(table: str, data: list[tuple]) -> None:
+    """psycopg's own binary COPY (write_row per row) of ready-made rows, committed."""
+    from django.db import connection, transaction
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        with cursor.cursor.copy(f"COPY {table} (run_id, attempt_id, host, gpu, ts, temp_c, "
+                                "power_w, util_pct, mem_used_mb, sm_clock_mhz, throttle, "
+                                "simulated) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(GPU_TYPES)
             for row in data:
                 copy.write_row(row)
-        elapsed = time.perf_counter() - start
-        raw.execute("TRUNCATE bench_gpu")
-    return elapsed
 
 
-def timed_task(batch: dict, token: str) -> float:
+def scratch_table() -> str:
+    """A table with the GPU samples' columns and nothing else: no index, no constraint, no
+    partitions, no WAL. The ceiling of the database side."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS bench_gpu_bare")
+        cursor.execute("CREATE UNLOGGED TABLE bench_gpu_bare (LIKE collectors_gpusample "
+                       "INCLUDING DEFAULTS)")
+        cursor.execute("ALTER TABLE bench_gpu_bare DROP COLUMN id")
+    return "bench_gpu_bare"
+
+
+def task_call(batch: dict, token: str):
     from collectors.tasks import ingest_batch
 
-    start = time.perf_counter()
-    result = ingest_batch(batch, token=token)
-    elapsed = time.perf_counter() - start
-    assert result.get("stored"), result
-    return elapsed
+    def call():
+        result = ingest_batch(batch, token=token)
+        assert result.get("stored"), result
+
+    return call
 
 
 def fmt(rates: list[float]) -> str:
     return f"{statistics.median(rates):>10,.0f} [{min(rates):,.0f}..{max(rates):,.0f}]"
+
+
+def report(label: str, rows: int, samples: list[tuple[float, float, float]]) -> float:
+    """Prints rows/s by wall time and the CPU per 10,000 rows; returns the median rows/s."""
+    rates = [rows / wall for wall, _, _ in samples]
+    worker = statistics.median(cpu for _, cpu, _ in samples) / rows * 1e4 * 1000
+    backend = statistics.median(db for _, _, db in samples) / rows * 1e4 * 1000
+    print(f"    {label:34s} {fmt(rates)} rows/s; CPU per 10k rows: "
+          f"this process {worker:5.0f} ms + PostgreSQL backend {backend:5.0f} ms")
+    return statistics.median(rates)
 
 
 # Where a batch's time goes: the functions whose cumulative time makes up each phase.
@@ -134,7 +180,8 @@ PHASES = (
 def profile(batches: list[dict], token: str) -> None:
     from collectors.tasks import ingest_batch
 
-    profiler = cProfile.Profile()
+    # CPU time, not wall time: what this process spends, whatever the machine's load.
+    profiler = cProfile.Profile(time.process_time)
     profiler.enable()
     for batch in batches:
         ingest_batch(batch, token=token)
@@ -147,7 +194,8 @@ def profile(batches: list[dict], token: str) -> None:
         return sum(ct for (file, _, name), (_, _, _, ct, _) in stats.items()
                    if file.endswith(file_suffix) and name == function)
 
-    print(f"  profile of {len(batches)} batches (cProfile inflates Python-heavy phases):")
+    print(f"  CPU profile of this process over {len(batches)} batches (cProfile inflates "
+          "Python-heavy phases; the database's own CPU is not in it):")
     for label, *functions in PHASES:
         spent = sum(cumulative(*function) for function in functions)
         print(f"    {label:40s} {spent / total:6.1%}  {spent / len(batches) * 1000:7.2f} ms/batch")
@@ -172,7 +220,7 @@ def main() -> int:
     from django.core.management import call_command
     from django.db import connection
 
-    from collectors.models import IngestToken, Project
+    from collectors.models import Attempt, IngestToken, Project
 
     call_command("migrate", verbosity=0)
     project, _ = Project.objects.get_or_create(slug="bench")
@@ -180,50 +228,63 @@ def main() -> int:
     run = f"bench-{uuid.uuid4().hex[:8]}"
     t0 = time.time() - 30 * 86_400
     postgres = connection.vendor == "postgresql"
+    load = os.getloadavg()[0]
+    meter = Meter()
+    # The run and attempt the task creates; the bare COPY into the real table uses their ids.
+    task_call(gpu_batch("bench", run, 8, t0 - 86_400), token)()
+    attempt = Attempt.objects.get(run__project=project, run__name=run)
 
-    gpu_rates, copy_rates, step_rates = [], [], []
-    # Alternating task and bare COPY within each round, so that load from other processes on the
-    # machine hits both alike.
+    measured: dict[str, list] = {"task": [], "steps": [], "copy_real": [], "copy_bare": []}
+    bare = scratch_table() if postgres else ""
+    # Task and bare COPYs alternate within each round, so load from other processes on the
+    # machine hits them alike.
     for i in range(args.batches):
-        gpu_rates.append(args.rows / timed_task(gpu_batch("bench", run, args.rows,
-                                                          t0 + i * 86_400), token))
+        day = t0 + i * 86_400
+        measured["task"].append(meter.measure(
+            task_call(gpu_batch("bench", run, args.rows, day), token)))
         if postgres:
-            copy_rates.append(args.rows / bare_copy(args.rows, t0))
-        step_rates.append(args.rows / timed_task(
-            step_batch("bench", run, args.rows, i * args.rows, t0 + i * args.rows), token))
+            data = gpu_rows(args.rows, day + 3600, attempt.run_id, attempt.pk)
+            measured["copy_real"].append(meter.measure(
+                lambda data=data: bare_copy("collectors_gpusample", data)))
+            measured["copy_bare"].append(meter.measure(lambda data=data: bare_copy(bare, data)))
+        measured["steps"].append(meter.measure(task_call(
+            step_batch("bench", run, args.rows, i * args.rows, t0 + i * args.rows), token)))
 
     host_run = f"{run}-hosts"
     host_batches = [host_minute_batch("bench", host_run, s, t0) for s in range(args.host_batches)]
     # The first batch creates the run and attempt; time the steady state.
-    timed_task(host_batches[0], token)
-    per_batch = [timed_task(batch, token) for batch in host_batches[1:]]
-    spent = sum(per_batch)
+    task_call(host_batches[0], token)()
+    per_batch = [meter.measure(task_call(batch, token)) for batch in host_batches[1:]]
 
-    print(f"database: {connection.vendor}; one process calling the ingest task directly "
-          f"(no broker); median [min..max]")
-    print(f"  large batches: {args.batches} × {args.rows:,} rows")
-    print(f"    task, GPU samples   {fmt(gpu_rates)} rows/s")
-    print(f"    task, step rows     {fmt(step_rates)} rows/s")
-    if copy_rates:
-        ratio = statistics.median(gpu_rates) / statistics.median(copy_rates)
-        print(f"    bare binary COPY    {fmt(copy_rates)} rows/s (psycopg write_row, temp table)")
-        print(f"    => the task stores GPU samples at {ratio:.0%} of bare COPY's rate "
-              f"(target: at least 50%)")
+    print(f"database: {connection.vendor}; one process calling the ingest task directly (no "
+          f"broker); median [min..max]; 1-min load average at the start {load:.1f} on "
+          f"{os.cpu_count()} CPUs")
+    print(f"  large batches: {args.batches} × {args.rows:,} rows, each committed on its own")
+    task_rate = report("ingest task, GPU samples", args.rows, measured["task"])
+    report("ingest task, step rows", args.rows, measured["steps"])
+    if postgres:
+        real = report("bare COPY into collectors_gpusample", args.rows, measured["copy_real"])
+        ceiling = report("bare COPY into a bare table", args.rows, measured["copy_bare"])
+        print(f"    => the task stores GPU samples at {task_rate / real:.0%} of the rate of a bare "
+              f"COPY into the same table (its indexes, partitions, foreign keys) and "
+              f"{task_rate / ceiling:.0%} of one into an unlogged table with nothing on it")
     n = len(per_batch)
+    spent = sum(wall for wall, _, _ in per_batch)
     print(f"  e2e-shaped batches: {n} × (480 GPU samples + 60 step rows), one per host and minute")
-    print(f"    {n / spent:,.0f} batches/s, {n * 480 / spent:,.0f} GPU samples/s "
-          f"+ {n * 60 / spent:,.0f} step rows/s; per batch: median "
-          f"{statistics.median(per_batch) * 1000:.2f} ms, p95 "
-          f"{sorted(per_batch)[int(0.95 * (n - 1))] * 1000:.2f} ms")
-    if copy_rates:
-        ratio = (n * 480 / spent) / statistics.median(copy_rates)
-        print(f"    => {ratio:.0%} of bare COPY's GPU rows/s above, with the per-batch work included")
+    print(f"    {n / spent:,.0f} batches/s = {n * 480 / spent:,.0f} GPU samples/s + "
+          f"{n * 60 / spent:,.0f} step rows/s; per batch: median "
+          f"{statistics.median(w for w, _, _ in per_batch) * 1000:.1f} ms wall; CPU "
+          f"{sum(c for _, c, _ in per_batch) / n * 1000:.1f} ms this process + "
+          f"{sum(d for _, _, d in per_batch) / n * 1000:.1f} ms PostgreSQL backend")
 
     if args.profile:
         profile([host_minute_batch("bench", host_run, s, t0)
                  for s in range(args.host_batches, args.host_batches + 100)], token)
         profile([gpu_batch("bench", run, args.rows, t0 + (args.batches + i) * 86_400)
                  for i in range(5)], token)
+    if postgres:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE {bare}")
     return 0
 
 

@@ -26,9 +26,11 @@ from collectors.models import (
     GpuSample,
     IngestedBatch,
     IngestToken,
+    Project,
     RejectedBatch,
     Run,
     StepMetric,
+    hash_token,
 )
 from collectors.timestamps import from_epoch as _when
 
@@ -64,19 +66,60 @@ def authorize(token: str | None, project_slug: str) -> IngestToken:
             "(create one with `python manage.py createtoken PROJECT`)",
             401,
         )
-    found = IngestToken.objects.authenticate(token)
-    if found is None:
-        raise Refused("the ingest token is not valid or has been revoked", 401)
-    if found.project.slug != project_slug:
+    now = django_tz.now()
+    known = _known_token(token, now)
+    if known is not None:
+        found, slug, touch = known
+    else:
+        found = IngestToken.objects.authenticate(token)
+        if found is None:
+            raise Refused("the ingest token is not valid or has been revoked", 401)
+        if len(_token_ids) >= _TOKEN_IDS_MAX:
+            _token_ids.clear()
+        _token_ids[found.hashed] = found.pk
+        slug = found.project.slug
+        touch = found.last_used_at is None or now - found.last_used_at > TOKEN_TOUCH_INTERVAL
+    if slug != project_slug:
         raise Refused(
-            f"this token belongs to project '{found.project.slug}'; "
-            f"it cannot write into project '{project_slug}'",
+            f"this token belongs to project '{slug}'; it cannot write into project "
+            f"'{project_slug}'",
             403,
         )
-    now = django_tz.now()
-    if found.last_used_at is None or now - found.last_used_at > TOKEN_TOUCH_INTERVAL:
+    if touch:
         IngestToken.objects.filter(pk=found.pk).update(last_used_at=now)
     return found
+
+
+# Token hash -> the row it was found in, per worker process, so that a token already seen is
+# checked by one primary-key query instead of the ORM lookup (a tenth of a batch's CPU). Only the
+# row is remembered: that it is not revoked, and its project, are read again for every batch.
+_token_ids: dict[str, int] = {}
+_TOKEN_IDS_MAX = 10_000
+
+
+def _known_token(token: str, now: datetime) -> tuple[IngestToken, str, bool] | None:
+    """(token, its project's slug, whether last_used_at is due) for a token this process has
+    authenticated before and that is still live; None otherwise (authenticate it afresh)."""
+    digest = hash_token(token)
+    token_id = _token_ids.get(digest)
+    if token_id is None:
+        return None
+    quote = connection.ops.quote_name
+    tokens, projects = IngestToken._meta.db_table, Project._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT t.project_id, p.slug, (t.last_used_at IS NULL OR t.last_used_at < %s) "
+            f"FROM {quote(tokens)} t JOIN {quote(projects)} p ON p.id = t.project_id "
+            f"WHERE t.id = %s AND t.hashed = %s AND t.revoked_at IS NULL",
+            [connection.ops.adapt_datetimefield_value(now - TOKEN_TOUCH_INTERVAL), token_id,
+             digest],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        del _token_ids[digest]
+        return None
+    project_id, slug, touch = row
+    return IngestToken(pk=token_id, project_id=project_id, hashed=digest), slug, bool(touch)
 
 
 # Depth and size bounded: a refused batch may be nested thousands deep or megabytes long.

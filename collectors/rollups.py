@@ -192,7 +192,14 @@ def _pg_upsert(table: str, key: tuple[str, ...], values: tuple[tuple[str, str], 
     sql = (f"INSERT INTO {table} ({', '.join([*constants, *per_group])}) SELECT {selected} "
            f"FROM unnest({arrays}) AS u({', '.join(per_group)}) "
            f"{_conflict(table, key, values, postgres=True)}")
-    return sql, [*constants.values(), *(groups.columns[name] for name in per_group)]
+    return sql, [*constants.values(), *(_array_literal(groups.columns[name]) for name in per_group)]
+
+
+def _array_literal(values: list) -> str:
+    """A column of numbers as PostgreSQL's array text ('{1,2.5,NULL}'), cast by the statement:
+    one string to quote instead of a list adapted value by value (a sixth of a batch's CPU). A
+    float's repr reads back as the same float8."""
+    return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
 
 
 def _sqlite_upsert(cursor, table: str, key: tuple[str, ...], values: tuple[tuple[str, str], ...],

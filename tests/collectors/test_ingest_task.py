@@ -237,3 +237,26 @@ def test_a_run_created_in_a_rolled_back_transaction_is_not_remembered(token):
     assert result["stored"] is True
     assert StepMetric.objects.filter(run__name="run-1").count() == 5
     assert StepMetric.objects.count() == 5
+
+
+def test_a_token_revoked_after_use_is_refused_from_the_next_batch(token):
+    """The worker remembers which row a token is, never that it is valid."""
+    assert ingest_batch(step_batch(count=2), token=token)["stored"] is True
+    IngestToken.objects.update(revoked_at="2026-01-01T00:00:00Z")
+
+    result = ingest_batch(step_batch(count=3), token=token)
+
+    assert "not valid or has been revoked" in result["rejected"]
+    assert StepMetric.objects.count() == 2
+
+
+def test_a_token_used_again_keeps_its_project_and_last_use(token, other_token):
+    assert ingest_batch(step_batch(count=2), token=token)["stored"] is True
+    IngestToken.objects.update(last_used_at=None)
+
+    assert ingest_batch(step_batch(count=2), token=token)["stored"] is True
+    refused = ingest_batch(step_batch(project="vision"), token=token)
+
+    assert "belongs to project 'llm'" in refused["rejected"]
+    assert IngestToken.objects.get(project__slug="llm").last_used_at is not None
+    assert IngestToken.objects.get(project__slug="vision").last_used_at is None
