@@ -177,3 +177,18 @@ def test_embedded_mode_keeps_and_rebuilds_the_same_rollups(tmp_path):
     assert seen["hosts"] == ["node-ö1", "node2"]
     assert seen["step_minutes"] > 0 and seen["gpu_minutes"] > 0
     assert seen["edge"] == ["2026-12-03T10:01:00+00:00", None, None, 1.5, {"accuracy": 0.25}]
+
+
+def test_rebuild_files_rows_under_utc_minutes_whatever_the_session_zone(token):
+    # Monrovia was 44 min 30 s behind UTC in 1970: its minutes start at :30 s of UTC's.
+    ingest_batch(batch(rank=0, host="n", steps=[(1, 10.0, 1.0, 1, 1.0, None),
+                                                 (2, 40.0, 1.0, 1, 1.0, None)]), token=token)
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL TimeZone = 'Africa/Monrovia'")
+
+    rollups.rebuild()
+
+    assert list(StepMinute.objects.values_list("minute", "steps")) == [
+        (datetime(1970, 1, 1, tzinfo=UTC), 2)]
