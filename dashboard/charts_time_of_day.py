@@ -23,6 +23,7 @@ FAST_COLOR = "#59a14f"
 TEMP_COLOR = "#f28e2b"
 NEUTRAL_COLOR = "#4e79a7"
 HISTOGRAM_BINS = 40
+CATEGORY_AXIS_MAX_RANKS = 128
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -52,8 +53,8 @@ def hourly_figure(result: TimeOfDay) -> Figure:
     layout["xaxis"].update(HOUR_TICKS)
     layout["yaxis"].update(zeroline=True, zerolinecolor="#9aa3b2", ticksuffix="%")
     layout["yaxis2"] = {**{k: v for k, v in layout["yaxis"].items() if k != "zeroline"},
-                        "title": {"text": "°C"}, "overlaying": "y", "side": "right",
-                        "showgrid": False, "ticksuffix": ""}
+                        "title": {"text": "GPU temperature"}, "overlaying": "y", "side": "right",
+                        "showgrid": False, "ticksuffix": " °C", "tickformat": ".1f"}
     layout["margin"]["r"] = 56
     layout["hovermode"] = "x unified"
     layout["height"] = 320
@@ -105,6 +106,12 @@ def rank_step_figure(report: StragglerReport) -> Figure:
     layout = _layout("Step time by rank (mean over the run)", "rank", "seconds", x_is_time=False)
     layout["hovermode"] = "closest"
     layout["bargap"] = 0.1 if len(xs) < 100 else 0
+    if len(xs) <= CATEGORY_AXIS_MAX_RANKS:
+        # Ranks that report steps are often a sample (one per host): no gaps between their bars.
+        layout["xaxis"].update(type="category")
+        data[0]["x"] = [str(x) for x in xs]
+        if len(data) > 1:
+            data[1]["x"] = [str(xs[0]), str(xs[-1])]
     if means:
         low, high = min(means), max(means)
         pad = max((high - low) * 0.15, high * 0.01)

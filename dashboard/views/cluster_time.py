@@ -21,7 +21,14 @@ from dashboard.views.failure_presenters import duration
 
 
 def signed_pct(value: float | None, digits: int = 2) -> str:
-    return "—" if value is None else f"{value:+.{digits}f}%"
+    if value is None:
+        return "—"
+    # -0.004 would read "-0.00%": a sign on nothing.
+    return f"{0.0:.{digits}f}%" if round(value, digits) == 0 else f"{value:+.{digits}f}%"
+
+
+def share_of_step(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}% of a step"
 
 
 def hour(value: int | None) -> str:
@@ -113,9 +120,9 @@ def straggler_data(run) -> dict[str, Any]:
             "worst": (f"rank {worst.rank} {signed_pct(worst.excess_pct, 1)}" if worst else "—"),
             "median_step": _seconds(cost.median_step_s),
             "wait": _seconds(cost.wait_s),
-            "wait_pct": signed_pct(cost.wait_pct, 1),
+            "wait_pct": share_of_step(cost.wait_pct),
             "straggler_wait": _seconds(cost.straggler_wait_s),
-            "straggler_wait_pct": signed_pct(cost.straggler_wait_pct, 1),
+            "straggler_wait_pct": share_of_step(cost.straggler_wait_pct),
             "straggler_lost": (duration(cost.straggler_lost_s) if report.stragglers
                                else "—"),
             "slow_pct": f"{report.slow_pct:g}%",

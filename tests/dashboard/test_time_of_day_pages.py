@@ -114,7 +114,7 @@ def test_stragglers_page_ranks_the_slow_rank_with_its_host_and_gpu(clients, run)
 def test_stragglers_json_has_one_bar_per_rank_and_a_binned_distribution(clients, run):
     data = clients["member"].get(url("run_stragglers_json", run)).json()
     bars = data["figures"]["ranks"]["data"][0]
-    assert bars["x"] == list(range(8))
+    assert bars["x"] == [str(rank) for rank in range(8)]
     assert bars["marker"]["color"][5] != bars["marker"]["color"][4]
     histogram = data["figures"]["distribution"]["data"][0]
     assert sum(histogram["y"]) == 8 and len(histogram["x"]) == 40
