@@ -116,7 +116,7 @@ def _known_token(token: str, now: datetime) -> tuple[IngestToken, str, bool] | N
         )
         row = cursor.fetchone()
     if row is None:
-        del _token_ids[digest]
+        _token_ids.pop(digest, None)  # pop: threads of one worker may race here
         return None
     project_id, slug, touch = row
     return IngestToken(pk=token_id, project_id=project_id, hashed=digest), slug, bool(touch)
@@ -169,6 +169,9 @@ def _step_table(steps: dict[str, Any], run_id: int, attempt_id: int,
     return table, rollups.step_groups(ts, step, duration, tokens, loss)
 
 
+_JSON_NUMBER_TYPES = frozenset({float, int})
+
+
 def _extra(metrics: dict[str, list], length: int) -> dict | list:
     """StepMetric.extra per row: the series without a column of their own, nulls left out."""
     names = [name for name in metrics if name not in COLUMN_METRICS]
@@ -176,9 +179,10 @@ def _extra(metrics: dict[str, list], length: int) -> dict | list:
         return {}
     series = [metrics[name] for name in names]
     rows = zip(*series, strict=True)
-    if not any(None in values for values in series):
-        # Validated metric names are plain identifiers and values finite numbers, whose repr is
-        # their JSON: one string format per row instead of a dict and json.dumps.
+    if all(set(map(type, values)) <= _JSON_NUMBER_TYPES for values in series):
+        # Validated metric names are plain identifiers, and a finite int's or float's repr is its
+        # JSON: one string format per row instead of a dict and json.dumps. (Nulls, or a float
+        # subclass whose repr is not JSON, take the general path.)
         template = "{" + ", ".join(f'"{name}": %r' for name in names) + "}"
         return bulk_write.JsonTexts(template % row for row in rows)
     return [{name: value for name, value in zip(names, row, strict=True) if value is not None}
