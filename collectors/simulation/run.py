@@ -78,7 +78,7 @@ def _windows(start: float, end: float, flush_s: float, live_from: float | None
         w0 = w1
 
 
-def _prepare_run(config: SimConfig, token: str | None) -> tuple[Run, str]:
+def _prepare_run(config: SimConfig, token: str | None, run_config: dict) -> tuple[Run, str]:
     with transaction.atomic():
         project, _ = Project.objects.get_or_create(slug=config.project,
                                                    defaults={"name": config.project})
@@ -93,7 +93,7 @@ def _prepare_run(config: SimConfig, token: str | None) -> tuple[Run, str]:
                                   f"{config.project!r}")
         # Created here rather than by the first batch so that it carries the site's time zone.
         run = Run.objects.create(project=project, name=config.run_name, timezone=config.site_timezone,
-                                 world_size=config.world_size, config={"simulated": True})
+                                 world_size=config.world_size, config=run_config)
     return run, token
 
 
@@ -116,7 +116,7 @@ def run_simulation(config: SimConfig, *, token: str | None = None,
     start = config.resolved_start(datetime.fromtimestamp(now, tz=UTC)).timestamp()
     plan = build_plan(config, start)
     maker = BatchMaker(plan)
-    run, token = _prepare_run(config, token)
+    run, token = _prepare_run(config, token, maker.run_config)
 
     rows = {"batches": 0, "steps": 0, "gpu_samples": 0, "events": 0}
 
@@ -151,9 +151,9 @@ def run_simulation(config: SimConfig, *, token: str | None = None,
             if progress is not None:
                 progress(min(1.0, (w1 - plan.start) / span))
     except KeyboardInterrupt:
-        if config.live and sent_until < plan.end:
+        if sent_until < plan.end:
             # Stopped by hand: the job finishes where it was, as a stopped training job's plugin
-            # says, so the run does not look hung.
+            # says, so the run does not look hung (nor get flagged by the stall detector).
             for batch in maker.finish(sent_until):
                 send(batch)
         raise

@@ -130,8 +130,8 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             if bar is not None:
                 bar.close()
-            self.stderr.write(f"simulate: stopped; run {config.project}/{config.run_name} is "
-                              "marked finished.")
+            self.stderr.write(f"simulate: stopped; run {config.project}/{config.run_name} keeps "
+                              "what was stored so far and is marked finished.")
             return
         finally:
             if bar is not None:

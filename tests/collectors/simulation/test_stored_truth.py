@@ -46,6 +46,7 @@ def run(truth) -> Run:
 def test_run_is_stored_with_its_site_timezone_attempts_and_end(truth, run):
     assert run.timezone == "America/Chicago"
     assert run.world_size == 16
+    assert run.config["simulated"] is True and run.config["seed"] == CONFIG.seed
     assert run.status == Run.Status.FINISHED
     assert run.attempts.count() == truth.details["attempts"] == CONFIG.interruptions + 1
     assert StepMetric.objects.filter(run=run).count() == truth.details["rows_sent"]["steps"]
