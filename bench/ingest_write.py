@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import math
 import os
 import pstats
 import statistics
@@ -156,8 +157,9 @@ def report(label: str, rows: int, samples: list[tuple[float, float, float]]) -> 
     rates = [rows / wall for wall, _, _ in samples]
     worker = statistics.median(cpu for _, cpu, _ in samples) / rows * 1e4 * 1000
     backend = statistics.median(db for _, _, db in samples) / rows * 1e4 * 1000
-    print(f"    {label:34s} {fmt(rates)} rows/s; CPU per 10k rows: "
-          f"this process {worker:5.0f} ms + PostgreSQL backend {backend:5.0f} ms")
+    database = "" if math.isnan(backend) else f" + PostgreSQL backend {backend:5.0f} ms"
+    print(f"    {label:34s} {fmt(rates)} rows/s; CPU per 10k rows: this process {worker:5.0f} ms"
+          f"{database}")
     return statistics.median(rates)
 
 
@@ -274,8 +276,9 @@ def main() -> int:
     print(f"    {n / spent:,.0f} batches/s = {n * 480 / spent:,.0f} GPU samples/s + "
           f"{n * 60 / spent:,.0f} step rows/s; per batch: median "
           f"{statistics.median(w for w, _, _ in per_batch) * 1000:.1f} ms wall; CPU "
-          f"{sum(c for _, c, _ in per_batch) / n * 1000:.1f} ms this process + "
-          f"{sum(d for _, _, d in per_batch) / n * 1000:.1f} ms PostgreSQL backend")
+          f"{sum(c for _, c, _ in per_batch) / n * 1000:.1f} ms this process"
+          + ("" if not postgres else
+             f" + {sum(d for _, _, d in per_batch) / n * 1000:.1f} ms PostgreSQL backend"))
 
     if args.profile:
         profile([host_minute_batch("bench", host_run, s, t0)
