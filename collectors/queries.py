@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from django.db import connection
@@ -140,12 +140,17 @@ class RankSteps:
     loss: list[float | None] = field(default_factory=list)
 
 
-def run_steps_by_rank(run: Run, ranks: Iterable[int]) -> dict[int, RankSteps]:
+def run_steps_by_rank(run: Run, ranks: Iterable[int],
+                      window: tuple[datetime, datetime] | None = None) -> dict[int, RankSteps]:
     """The step rows of ``run`` for the given ranks, as columns per rank (ranks without rows are
-    left out). Streams from the database so a long run does not sit in memory twice."""
+    left out), within ``window`` [since, until) when given. Streams from the database so a long
+    run does not sit in memory twice."""
     columns: dict[int, RankSteps] = {}
+    steps = StepMetric.objects.filter(run=run, rank__in=list(ranks))
+    if window is not None:
+        steps = steps.filter(ts__gte=window[0], ts__lt=window[1])
     rows = (
-        StepMetric.objects.filter(run=run, rank__in=list(ranks))
+        steps
         .order_by("rank", "ts", "step")
         .values_list("rank", "step", "ts", "duration_s", "tokens", "loss")
     )
@@ -185,23 +190,30 @@ _MINUTE_COLUMNS = ("last_step", "steps", "duration_n", "duration_sum", "duration
 _MINUTES_SQL = """
 SELECT rank, {columns}
 FROM {table} WHERE run_id = %(run)s AND rank = ANY(%(ranks)s)
+  AND minute >= %(since)s AND minute < %(until)s
 GROUP BY rank
 """
+_ALL_TIME = (datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, tzinfo=UTC))
 
 
-def run_step_minutes_by_rank(run: Run, ranks: Iterable[int]) -> dict[int, RankMinutes]:
-    """The per-minute step rollups of ``run`` for the given ranks (ranks without rows left out).
-    A rank's rows are 1/60 of its raw rows at one step a second, and far fewer at real step
-    times, which is what keeps a weeks-long run page fast."""
+def run_step_minutes_by_rank(run: Run, ranks: Iterable[int],
+                             window: tuple[datetime, datetime] | None = None
+                             ) -> dict[int, RankMinutes]:
+    """The per-minute step rollups of ``run`` for the given ranks (ranks without rows left out),
+    for the minutes that overlap ``window`` [since, until) when given. A rank's rows are 1/60 of
+    its raw rows at one step a second, and far fewer at real step times, which is what keeps a
+    weeks-long run page fast."""
     ranks = [int(rank) for rank in ranks]
+    since, until = window or _ALL_TIME
+    since = since.replace(second=0, microsecond=0)  # the minute that holds ``since``
     if connection.vendor != "postgresql":
-        return _step_minutes_portable(run, ranks)
+        return _step_minutes_portable(run, ranks, since, until)
     packed = ", ".join(
         f"string_agg(float8send(coalesce(({expression})::float8, 'NaN')), ''::bytea)"
         for expression in ("extract(epoch FROM minute)", *_MINUTE_COLUMNS))
     sql = _MINUTES_SQL.format(columns=packed, table=StepMinute._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"run": run.pk, "ranks": ranks})
+        cursor.execute(sql, {"run": run.pk, "ranks": ranks, "since": since, "until": until})
         rows = cursor.fetchall()
     found = {}
     for rank, *columns in rows:
@@ -214,10 +226,12 @@ def run_step_minutes_by_rank(run: Run, ranks: Iterable[int]) -> dict[int, RankMi
     return dict(sorted(found.items()))
 
 
-def _step_minutes_portable(run: Run, ranks: list[int]) -> dict[int, RankMinutes]:
+def _step_minutes_portable(run: Run, ranks: list[int], since: datetime,
+                           until: datetime) -> dict[int, RankMinutes]:
     """The same for databases without bytea packing (the embedded mode's SQLite)."""
     found: dict[int, list] = {}
-    for rank, minute, *rest in (StepMinute.objects.filter(run=run, rank__in=ranks)
+    for rank, minute, *rest in (StepMinute.objects.filter(run=run, rank__in=ranks,
+                                                          minute__gte=since, minute__lt=until)
                                 .order_by("rank", "minute")
                                 .values_list("rank", "minute", *_MINUTE_COLUMNS)):
         found.setdefault(rank, []).append((minute.timestamp(), *rest))

@@ -74,28 +74,32 @@ def run_header(run: Run, now: datetime) -> dict[str, Any]:
     return header
 
 
-def run_series(run: Run, now: datetime) -> dict[str, Any]:
+def run_series(run: Run, now: datetime,
+               window: tuple[datetime, datetime] | None = None) -> dict[str, Any]:
     """Everything the run page redraws on a refresh: header numbers and the three figures.
 
     Up to RAW_STEP_ROWS_LIMIT step rows in the ranks shown, the charts are drawn from the rows
     themselves (every step, downsampled keeping each bucket's extremes). Beyond that they are
     drawn from the per-minute rollups, so a run of weeks costs what a run of hours does: loss
     is each minute's mean, throughput the minute's tokens over the time its steps took, and step
-    duration the minute's slowest step, so a slow step is never averaged away."""
+    duration the minute's slowest step, so a slow step is never averaged away. A ``window``
+    [since, until) narrows the charts to that time: zoomed in far enough, they show every step
+    again."""
     # Not bounded by world_size: a launcher that under-reports it must not hide ranks.
     ranks = range(MAX_RANK_TRACES)
-    minutes = queries.run_step_minutes_by_rank(run, ranks)
+    minutes = queries.run_step_minutes_by_rank(run, ranks, window)
     summarised = sum(float(m.steps.sum()) for m in minutes.values())
     if summarised > RAW_STEP_ROWS_LIMIT:
         charts_by_name, shown, resolution = _minute_charts(minutes), len(minutes), "minute"
     else:
-        steps_by_rank = queries.run_steps_by_rank(run, ranks)
+        steps_by_rank = queries.run_steps_by_rank(run, ranks, window)
         charts_by_name, shown, resolution = _step_charts(steps_by_rank), len(steps_by_rank), "step"
     return {
         "run": run_header(run, now),
         "ranks_shown": shown,
         "ranks_total": max(run.world_size, shown),
         "resolution": resolution,
+        "window": [t.timestamp() for t in window] if window else None,
         "charts": charts_by_name,
         "generated_at": now.isoformat(),
     }

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db.models import F, QuerySet
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -74,6 +76,28 @@ def run_page(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def run_series(request: HttpRequest, run_id: int) -> JsonResponse:
+def run_series(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The run page's figures; ``?since=&until=`` (Unix seconds) narrows them to a time window,
+    which the page asks for when the throughput chart is zoomed."""
     run = get_run_for_user(request, run_id)
-    return JsonResponse(presenters.run_series(run, timezone.now()))
+    try:
+        window = _window(request.GET)
+    except ValueError as error:
+        return HttpResponseBadRequest(str(error))
+    return JsonResponse(presenters.run_series(run, timezone.now(), window))
+
+
+def _window(params) -> tuple[datetime, datetime] | None:
+    since, until = params.get("since"), params.get("until")
+    if since is None and until is None:
+        return None
+    try:
+        bounds = [float(value) for value in (since, until)]
+    except (TypeError, ValueError):
+        raise ValueError("since and until must both be given, as Unix seconds "
+                         "(e.g. since=1764720000&until=1764723600).") from None
+    if not all(math.isfinite(b) and 0 <= b < 253402300800 for b in bounds):
+        raise ValueError("since and until must be Unix seconds between 1970 and 9999.")
+    if bounds[0] >= bounds[1]:
+        raise ValueError("since must be earlier than until.")
+    return (datetime.fromtimestamp(bounds[0], tz=UTC), datetime.fromtimestamp(bounds[1], tz=UTC))

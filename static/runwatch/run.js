@@ -53,8 +53,30 @@
     liveText.textContent = s < 2 ? "Live" : "Live · last update " + s + " s ago";
   }
 
+  // Zooming the throughput chart (the one on a time axis) asks for that window only: the server
+  // then draws it from every step instead of per-minute rollups once the window is short.
+  var windowQuery = "";
+
+  function epochSeconds(value) {
+    if (typeof value === "number") return value / 1000;
+    return Date.parse(String(value).replace(" ", "T") + "Z") / 1000;
+  }
+
+  function followZoom(event) {
+    if (event["xaxis.autorange"]) {
+      windowQuery = "";
+    } else if (event["xaxis.range[0]"] !== undefined && event["xaxis.range[1]"] !== undefined) {
+      var since = epochSeconds(event["xaxis.range[0]"]), until = epochSeconds(event["xaxis.range[1]"]);
+      if (!(since < until)) return;
+      windowQuery = "?since=" + since.toFixed(3) + "&until=" + until.toFixed(3);
+    } else {
+      return;
+    }
+    refresh();
+  }
+
   function refresh() {
-    return Runwatch.fetchJson(src).then(function (series) {
+    return Runwatch.fetchJson(src + windowQuery).then(function (series) {
       lastOk = Date.now();
       draw(series);
       updateHeader(series);
@@ -69,6 +91,7 @@
 
   var initial = JSON.parse(document.getElementById("run-series").textContent);
   draw(initial);
+  document.getElementById(chartIds.throughput).on("plotly_relayout", followZoom);
   updateHeader(initial);
   showLive();
   window.setInterval(function () { if (polling && live.getAttribute("data-state") !== "error") showLive(); }, 1000);

@@ -129,3 +129,36 @@ def test_many_ranks_share_the_charts_point_budget(clients, projects, now, long_r
         assert len(traces) == 16
         assert all(len(t["x"]) <= per_trace for t in traces)
         assert sum(len(t["x"]) for t in traces) <= charts.CHART_POINT_BUDGET
+
+
+@pytest.mark.django_db
+def test_a_short_window_of_a_long_run_shows_every_step_in_it(clients, projects, now,
+                                                             long_run_limit):
+    run, attempts = make_run(projects["llm"], "zoom", world_size=1, last_seen_at=now)
+    start = (now - timedelta(hours=2)).replace(second=0, microsecond=0)
+    add_steps(run, attempts[0], ranks=1, steps=range(0, 3600), start=start, every_s=2.0,
+              tokens=100)
+    rollups.rebuild(run.pk)
+    since, until = start + timedelta(minutes=30), start + timedelta(minutes=40)
+
+    whole = _series(clients["owner"], run)
+    response = clients["owner"].get(reverse("run_series", args=[run.pk]),
+                                    {"since": since.timestamp(), "until": until.timestamp()})
+
+    assert whole["resolution"] == "minute"
+    zoomed = response.json()
+    assert zoomed["resolution"] == "step"
+    assert zoomed["window"] == [since.timestamp(), until.timestamp()]
+    # Steps at start + 2 s x step: minute 30 begins at step 900, minute 40 at step 1200.
+    assert zoomed["charts"]["loss"]["data"][0]["x"] == list(range(900, 1200))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("query", [{"since": "soon", "until": "1"}, {"since": "100"},
+                                   {"since": "200", "until": "100"},
+                                   {"since": "nan", "until": "inf"}])
+def test_a_bad_window_is_refused_with_a_400_that_says_why(clients, llm_run, query):
+    response = clients["owner"].get(reverse("run_series", args=[llm_run.pk]), query)
+
+    assert response.status_code == 400
+    assert b"since" in response.content
