@@ -37,8 +37,10 @@ SECONDS = float(os.environ.get("RUNWATCH_LOAD_SECONDS", "120"))
 STEP_S = float(os.environ.get("RUNWATCH_LOAD_STEP_S", "0.5"))
 FLUSH_S = float(os.environ.get("RUNWATCH_LOAD_FLUSH_S", "10"))
 PROCESSES = 4
-#: After the ranks stop, the collectors must have stored everything within this long.
-DRAIN_BOUND_S = 180
+#: After the ranks stop, the collectors must have stored everything within this long. A quiet
+#: 2-core machine needs well under a minute; the bound leaves room for a machine shared with
+#: other work, where the queue the test reports grows during the run.
+DRAIN_BOUND_S = 300
 
 
 class QueueDepth(threading.Thread):
@@ -81,26 +83,13 @@ def test_200_ranks_for_two_minutes_store_every_row_once_within_bounds(tmp_path):
         out = tmp_path / "ranks"
         depth = QueueDepth(stack)
         depth.start()
-        per_process = RANKS // PROCESSES
         started = time.monotonic()
-        for index in range(PROCESSES):
-            first = index * per_process
-            count_here = per_process if index < PROCESSES - 1 else RANKS - first
-            log = (tmp_path / f"driver{index}.log").open("w")
-            drivers.append(subprocess.Popen(
-                [sys.executable, "tests/e2e/load_ranks.py", "--url", ingest.url, "--token",
-                 stack.token, "--project", "load", "--run-name", "load", "--first-rank",
-                 str(first), "--ranks", str(count_here), "--world-size", str(RANKS),
-                 "--seconds", str(SECONDS), "--step-s", str(STEP_S), "--flush-s", str(FLUSH_S),
-                 "--out", str(out)],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}))
+        drivers += start_ranks(stack, ingest.url, tmp_path, ranks=RANKS, processes=PROCESSES,
+                               seconds=SECONDS, step_s=STEP_S, flush_s=FLUSH_S)
         for driver in drivers:
             driver.wait(timeout=SECONDS + 180)
         sent_for = time.monotonic() - started
-        logs = "".join((tmp_path / f"driver{i}.log").read_text() for i in range(PROCESSES))
-        assert all(d.returncode == 0 for d in drivers), logs[-4000:]
-        records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(RANKS)]
+        records = rank_records(drivers, tmp_path, RANKS)
         sent_steps = sum(r["steps"] for r in records)
 
         def drained() -> bool:
@@ -108,16 +97,20 @@ def test_200_ranks_for_two_minutes_store_every_row_once_within_bounds(tmp_path):
             return stack.in_flight() == 0 and stored_steps(stack) >= sent_steps
 
         drain_started = time.monotonic()
-        wait_for(drained, timeout=DRAIN_BOUND_S, interval=0.5,
-                 what="the collectors to store everything")
+        try:
+            wait_for(drained, timeout=DRAIN_BOUND_S, interval=0.5,
+                     what="the collectors to store everything")
+            in_bound = True
+        except AssertionError:
+            in_bound = False  # counted, reported and failed below, with what is missing
         drain_s = time.monotonic() - drain_started
         depth.stopping.set()
         depth.join()
 
         found = count(stack.database_url, "load", records)
         sends: dict[str, list] = {}
-        for index in range(PROCESSES):
-            sends.update(json.loads((out / f"sends-{index * per_process}.json").read_text()))
+        for path in out.glob("sends-*.json"):
+            sends.update(json.loads(path.read_text()))
         with stack.postgres.connect("runwatch") as conn:
             claimed = dict(conn.execute(
                 "SELECT batch_id::text, extract(epoch FROM received_at) FROM "
@@ -126,6 +119,8 @@ def test_200_ranks_for_two_minutes_store_every_row_once_within_bounds(tmp_path):
                      sends.items() if batch_id in claimed]
         http_s = [acked - first for first, acked in sends.values() if acked is not None]
         depths = [d for _at, d in depth.samples]
+        drain = (f"all stored {drain_s:.0f} s after the ranks closed (bound {DRAIN_BOUND_S} s)"
+                 if in_bound else f"NOT all stored within {DRAIN_BOUND_S} s of the ranks closing")
         rows = found.total()
         # Retried sends: a 429 from the rate limit, a 5xx or a timeout (the batch is kept).
         send_errors = sum(r["stats"]["send_errors"] for r in records)
@@ -137,14 +132,16 @@ def test_200_ranks_for_two_minutes_store_every_row_once_within_bounds(tmp_path):
             f"{statistics.median(depths):.0f}, max {max(depths)}; send->stored latency p50 "
             f"{percentile(latencies, 0.5):.2f} s, p95 {percentile(latencies, 0.95):.2f} s, "
             f"max {max(latencies):.2f} s; HTTP answer p95 {percentile(http_s, 0.95) * 1000:.0f} "
-            f"ms; {send_errors} sends retried; drained {drain_s:.0f} s after the ranks closed "
-            f"(bound {DRAIN_BOUND_S} s)")
+            f"ms; {send_errors} sends retried; {drain}")
         print(f"load: {figures}\nload: queue depth over time: {depth.series()}\n"
               f"load: {found.summary()}; {found.batches} batches stored")
         record("load-200-ranks", fault=f"load: {RANKS} concurrent ranks for "
                f"{SECONDS / 60:.0f} min over loopback", action=f"{figures}. Counted: "
                f"{found.summary()}. Machine: 2 shared cores; figures are noisy.",
                sent=rows.sent, stored=rows.stored, duplicated=rows.duplicated)
+        assert in_bound, (f"the collectors had not stored everything {DRAIN_BOUND_S} s after "
+                          f"the ranks closed: {found.summary()}; worker log:\n"
+                          + stack.workers[0].output()[-2000:])
         for rec in records:
             assert rec["delivered"], rec
             assert rec["stats"]["rows_dropped"] == 0, rec
@@ -158,6 +155,33 @@ def test_200_ranks_for_two_minutes_store_every_row_once_within_bounds(tmp_path):
         stack.stop()
 
 
+def start_ranks(stack: PrivateStack, url: str, tmp_path, *, ranks: int, processes: int,
+                seconds: float, step_s: float, flush_s: float) -> list[subprocess.Popen]:
+    """tests/e2e/load_ranks.py in ``processes`` processes holding ``ranks`` ranks between them."""
+    per_process = ranks // processes
+    drivers = []
+    for index in range(processes):
+        first = index * per_process
+        count_here = per_process if index < processes - 1 else ranks - first
+        log = (tmp_path / f"driver{index}.log").open("w")
+        drivers.append(subprocess.Popen(
+            [sys.executable, "tests/e2e/load_ranks.py", "--url", url, "--token", stack.token,
+             "--project", stack.project, "--run-name", "load", "--first-rank", str(first),
+             "--ranks", str(count_here), "--world-size", str(ranks), "--seconds", str(seconds),
+             "--step-s", str(step_s), "--flush-s", str(flush_s), "--out", str(tmp_path / "ranks")],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}))
+    return drivers
+
+
+def rank_records(drivers: list[subprocess.Popen], tmp_path, ranks: int) -> list[dict]:
+    logs = "".join(path.read_text() for path in sorted(tmp_path.glob("driver*.log")))
+    assert all(d.returncode == 0 for d in drivers), logs[-4000:]
+    return [json.loads((tmp_path / "ranks" / f"rank{rank}.json").read_text())
+            for rank in range(ranks)]
+
+
 def stored_steps(stack: PrivateStack) -> int:
     with stack.postgres.connect("runwatch") as conn:
         return conn.execute("SELECT count(*) FROM collectors_stepmetric").fetchone()[0]
+
