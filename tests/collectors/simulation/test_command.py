@@ -38,6 +38,7 @@ def simulate(*args: str) -> str:
     (["--start", (datetime.now(UTC) - timedelta(hours=1)).isoformat()],
      "a backfill must end by now"),
     (["--truth-json", "/nonexistent-folder/truth.json"], "does not exist"),
+    (["--token", "rw_not-a-token"], "not a live ingest token"),
 ])
 def test_bad_arguments_are_refused_with_a_clear_error_and_write_nothing(args, message):
     with pytest.raises(CommandError, match=message):
