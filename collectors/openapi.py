@@ -160,14 +160,16 @@ def description() -> dict[str, Any]:
                     "operationId": "ingestBatch",
                     "summary": "Send one batch of steps, GPU samples and events",
                     "security": [{"ingestToken": []}],
-                    "parameters": [{
-                        "name": "Content-Encoding", "in": "header", "required": False,
-                        "schema": {"enum": ["gzip", "identity"]},
-                        "description": f"gzip or none; at most {protocol.MAX_BATCH_BYTES} bytes "
-                                       "before and after decompression.",
-                    }],
                     "requestBody": {
                         "required": True,
+                        "description": (
+                            f"One batch, at most {protocol.MAX_BATCH_BYTES} bytes; it may be sent "
+                            "with `Content-Encoding: gzip` (the limit holds after decompression "
+                            "too). Beyond this schema: columns of one table have equal lengths, "
+                            "source.rank < source.world_size, text holds no NUL character, "
+                            "integers are written without a fraction (1, not 1.0), and run.config "
+                            f"and event payloads nest at most {protocol.MAX_DEPTH} deep with "
+                            "integers within 64 bits."),
                         "content": {"application/json": {
                             "schema": {"$ref": "#/components/schemas/Batch"}}},
                     },
