@@ -3,7 +3,7 @@ trainer with RUNWATCH_URL=redis://... does) and processed by a real Celery worke
 
 For any input the worker stores the batch or records it in the dead-letter list (RejectedBatch)
 with its reason, writes nothing else for a refused batch, and stays alive: no task may fail with an
-unexpected error. 40 mutated batches per run (each one waits for the worker)."""
+unexpected error. 5 hostile batches and 40 mutated ones per run (each waits for the worker)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 
 from collectors.models import IngestedBatch, IngestToken, Project, RejectedBatch
 from collectors.tasks import ingest_batch
@@ -29,6 +29,27 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database
                                        HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+def _hostile_examples():
+    """Always tried first: text the database cannot hold, where the dead-letter record itself
+    used to fail (so the refused batch was lost with the failed task)."""
+    cases = []
+    for mutate in (lambda b: b.__setitem__("batch_id", "ab\x00"),
+                   lambda b: b["run"].__setitem__("project", "l\x00m"),
+                   lambda b: b["run"].__setitem__("project", "l\ud800m"),
+                   lambda b: b["source"].__setitem__("host", "node\x00"),
+                   lambda b: b["steps"]["step"].__setitem__(0, 2**63)):
+        batch = step_batch(gpus=1)
+        mutate(batch)
+        cases.append(batch)
+
+    def apply(test):
+        for batch in reversed(cases):
+            test = example(batch=batch)(test)
+        return test
+
+    return apply
+
+
 def _outcomes() -> tuple[int, int]:
     return IngestedBatch.objects.count(), RejectedBatch.objects.count()
 
@@ -41,6 +62,7 @@ def test_worker_stores_or_dead_letters_every_fuzzed_batch_and_stays_alive(
 
     @FUZZ
     @given(batch=mutated_batches())
+    @_hostile_examples()
     def run(batch):
         try:
             json.dumps(batch)
