@@ -157,9 +157,9 @@ def happenings(run: Run, start: float, end: float) -> list[Happening]:
 
 def stalls(run: Run, probes: Sequence[float], min_gap_s: float,
            explained_by: Sequence[Happening]) -> list[Happening]:
-    """For each time in ``probes`` (a swing's middle), the gap between the last step any rank
-    completed before it and the first after, when longer than ``min_gap_s`` and none of
-    ``explained_by`` overlaps it. Two index lookups per probe: no range of steps is read."""
+    """For each time in ``probes`` (a swing's ends), the gap between the last step any rank
+    completed before it and the first after, less what ``explained_by`` covers, when at least
+    ``min_gap_s`` remains. Two index lookups per probe: no range of steps is read."""
     gaps = set()
     for probe in probes:
         when = from_epoch(probe)
@@ -170,7 +170,7 @@ def stalls(run: Run, probes: Sequence[float], min_gap_s: float,
         if before is not None and after is not None:
             gaps.add((before.timestamp(), after.timestamp()))
     return power.stall_happenings([g for g in sorted(gaps) if g[1] - g[0] > min_gap_s],
-                                  explained_by)
+                                  explained_by, min_gap_s)
 
 
 def median_step_s(run: Run) -> float | None:

@@ -38,7 +38,7 @@ sides, overlaps [start, end]: checkpoint saves/loads (their blocking span), inte
 attempt's last step before it, when the GPUs stopped computing, to its report, which may come
 minutes later after a watchdog timeout), restarts (an attempt's start up to its first step, the
 first attempt included: the whole cluster ramps up either way), stalls (gaps in step completions
-across all ranks that nothing else explains, see ``step_gaps``). The cause shown is the first
+across all ranks, less what the others explain, see ``stall_happenings``). The cause shown is the first
 present of interruption, restart, stall, checkpoint — a restart also loads a checkpoint, but the
 restart is why the whole cluster moved.
 """
@@ -439,14 +439,23 @@ def step_gaps(step_ts: Sequence[float] | np.ndarray, min_gap_s: float) -> list[t
     return [(float(ts[i]), float(ts[i + 1])) for i in at]
 
 
-def stall_happenings(gaps: Iterable[tuple[float, float]],
-                     explained_by: Sequence[Happening]) -> list[Happening]:
-    """Step gaps that no checkpoint, interruption or restart overlaps: stalls."""
+def stall_happenings(gaps: Iterable[tuple[float, float]], explained_by: Sequence[Happening],
+                     min_stall_s: float) -> list[Happening]:
+    """Stalls: the longest stretch of each step gap that no checkpoint, interruption or restart
+    covers, when it is at least ``min_stall_s`` long (a save followed by a hang leaves the hang;
+    a save alone leaves nothing)."""
     stalls = []
     for g0, g1 in gaps:
-        if any(h.start <= g1 and g0 <= h.end for h in explained_by):
+        free = [(g0, g1)]
+        for h in explained_by:
+            free = [piece for f0, f1 in free
+                    for piece in ((f0, min(f1, h.start)), (max(f0, h.end), f1))
+                    if piece[1] > piece[0]]
+        if not free:
             continue
-        stalls.append(Happening("stall", g0, g1, f"no step for {g1 - g0:.0f} s"))
+        s0, s1 = max(free, key=lambda f: f[1] - f[0])
+        if s1 - s0 >= min_stall_s:
+            stalls.append(Happening("stall", s0, s1, f"no step for {g1 - g0:.0f} s"))
     return stalls
 
 

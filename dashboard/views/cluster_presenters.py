@@ -137,7 +137,8 @@ def power_view(run: Run, start: float | None = None, end: float | None = None, *
     unexplained = [s for s in swings if s.cause is None]
     if unexplained:  # only then look for a stall: two index lookups per swing
         median_step = cluster_reads.median_step_s(run)
-        stalls = cluster_reads.stalls(run, [(s.start + s.end) / 2 for s in unexplained],
+        # Both ends: a stall's fall ends inside the gap, its recovery starts inside it.
+        stalls = cluster_reads.stalls(run, [t for s in unexplained for t in (s.start, s.end)],
                                       max(60.0, 10 * (median_step or 0.0)), happenings)
         swings = power.annotate(swings, happenings + stalls, tolerance)
     return PowerView(series=series, swings=swings, histogram=histogram, detail=detail,

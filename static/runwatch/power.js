@@ -11,9 +11,11 @@
   var pending = null;
 
   function toSeconds(value) {
-    // Plotly reports date-axis ranges as "YYYY-MM-DD HH:MM:SS.sss" strings in UTC.
+    // Plotly reports a zoomed date axis as "YYYY-MM-DD HH:MM:SS.sss" strings in UTC (our axis is
+    // epoch ms in UTC); a range set from code may be ISO with its zone, or a number.
     if (typeof value === "number") { return value / 1000; }
-    return Date.parse(String(value).replace(" ", "T") + "Z") / 1000;
+    var text = String(value).replace(" ", "T");
+    return Date.parse(/(Z|[+-]\d\d:?\d\d)$/.test(text) ? text : text + "Z") / 1000;
   }
 
   function load(query) {

@@ -157,8 +157,11 @@ def test_step_gaps_that_nothing_explains_are_stalls():
     gaps = power.step_gaps(steps, min_gap_s=60)
     assert gaps == [(18.0, 140.0), (152.0, 600.0)]
     checkpoint = Happening("checkpoint", 160, 590)
-    stalls = power.stall_happenings(gaps, [checkpoint])
+    stalls = power.stall_happenings(gaps, [checkpoint], 60)
     assert [(h.kind, h.start, h.end) for h in stalls] == [("stall", 18.0, 140.0)]
+    # A save that ends and then a hang: the hang is what is left of the gap.
+    save_then_hang = power.stall_happenings([(100.0, 300.0)], [Happening("checkpoint", 95, 165)], 60)
+    assert [(h.start, h.end) for h in save_then_hang] == [(165.0, 300.0)]
 
 
 def test_candidate_regions_from_minute_bounds_contain_the_swing():
