@@ -23,6 +23,9 @@ from tests.e2e.conftest import ROOT, wait_for
 INITDB = shutil.which("initdb") or "/usr/local/bin/initdb"
 PG_CTL = shutil.which("pg_ctl") or "/usr/local/bin/pg_ctl"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+#: Redelivery of what a dead worker had reserved comes after the visibility timeout; a short one
+#: keeps the tests short (a redelivered batch is stored once).
+VISIBILITY_TIMEOUT_S = 10
 
 
 def free_port() -> int:
@@ -286,9 +289,7 @@ def server_env(database_url: str, broker_url: str, **extra: str) -> dict[str, st
     env = dict(os.environ)
     env.pop("CELERY_TASK_ALWAYS_EAGER", None)
     env.update(DATABASE_URL=database_url, CELERY_BROKER_URL=broker_url, PYTHONUNBUFFERED="1",
-               # Redelivery of what a dead worker had reserved comes after the visibility
-               # timeout; a short one keeps the tests short (a redelivered batch is stored once).
-               CELERY_VISIBILITY_TIMEOUT="10",
+               CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT_S),
                # One message reserved per pool process: a killed worker holds as little as can be.
                CELERY_WORKER_PREFETCH_MULTIPLIER="1")
     env.update(extra)

@@ -24,7 +24,7 @@ import pytest
 
 from tests.e2e.conftest import ROOT, wait_for
 from tests.e2e.fault_counts import Count, count, read_records
-from tests.e2e.fault_services import PrivateStack, server_env
+from tests.e2e.fault_services import VISIBILITY_TIMEOUT_S, PrivateStack
 from tests.reliability_report import record
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
@@ -32,7 +32,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 PROJECT = "faults"
 RANKS = 2
 OUTAGE_S = 60
-VISIBILITY_TIMEOUT_S = int(server_env("", "")["CELERY_VISIBILITY_TIMEOUT"])
 
 
 class TrainingJob:
