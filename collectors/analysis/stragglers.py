@@ -132,6 +132,7 @@ class StragglerReport:
     cost: WaitCost = field(default_factory=WaitCost)
     slow_pct: float = SLOW_PCT
     persistent_share: float = PERSISTENT_SHARE
+    minutes_every: int = 1  # k when a long run was read every k-th minute
 
     @property
     def median_rank_step_s(self) -> float | None:
@@ -226,8 +227,9 @@ def stragglers_from_rows(rows: Sequence[RankMinute], placements: Mapping[int, Pl
 
 _PER = """
     SELECT minute, rank, steps, duration_sum / duration_n AS d
-    FROM {table} WHERE run_id = %(run)s AND duration_n > 0 AND duration_sum > 0
+    FROM {table} WHERE run_id = %(run)s AND duration_n > 0 AND duration_sum > 0 {sampled}
 """
+_SAMPLED = "AND minute = ANY(%(minutes)s)"
 
 _SUMMARY_SQL = """
 WITH per AS ({per}),
@@ -253,11 +255,13 @@ FROM by_minute
 """
 
 
-def read_rank_minutes(run) -> list[RankMinute]:
+def read_rank_minutes(run, minutes=None) -> list[RankMinute]:
     from collectors.models import StepMinute
 
-    rows = (StepMinute.objects.filter(run=run, duration_n__gt=0, duration_sum__gt=0)
-            .values_list("minute", "rank", "duration_sum", "duration_n", "steps"))
+    queryset = StepMinute.objects.filter(run=run, duration_n__gt=0, duration_sum__gt=0)
+    if minutes is not None:
+        queryset = queryset.filter(minute__in=minutes)
+    rows = queryset.values_list("minute", "rank", "duration_sum", "duration_n", "steps")
     return [RankMinute(minute.timestamp(), rank, total / n, steps)
             for minute, rank, total, n, steps in rows]
 
@@ -278,27 +282,39 @@ def read_placements(run, ranks: Iterable[int]) -> dict[int, Placement]:
 
 
 def read_stragglers(run, *, top_n: int = TOP_N) -> StragglerReport:
+    """The run's straggler report. A long, wide run is read every k-th minute (see
+    collectors.minute_sample): minutes and slow minutes count the minutes read, and the time lost
+    is scaled by k."""
     from django.db import connection
 
+    from collectors import minute_sample
     from collectors.models import StepMinute
 
+    sample, every = minute_sample.sampled_minutes(StepMinute.objects.filter(run=run))
     if connection.vendor != "postgresql":
-        rows = read_rank_minutes(run)
+        rows = read_rank_minutes(run, sample)
         summaries = summarise_ranks(rows)
         flagged = {s.rank for s in summaries if is_straggler(s)}
         cost = wait_cost(rows, flagged)
     else:
-        per = _PER.format(table=StepMinute._meta.db_table)
+        per = _PER.format(table=StepMinute._meta.db_table,
+                          sampled=_SAMPLED if sample is not None else "")
+        params = {"run": run.pk, "minutes": sample}
         with connection.cursor() as cursor:
             cursor.execute(_SUMMARY_SQL.format(per=per),
-                           {"run": run.pk, "threshold": 1.0 + SLOW_PCT / 100.0})
+                           {**params, "threshold": 1.0 + SLOW_PCT / 100.0})
             summaries = [RankSummary(rank, minutes, slow, excess, total)
                          for rank, minutes, slow, excess, total in cursor.fetchall()]
             flagged = {s.rank for s in summaries if is_straggler(s)}
-            cursor.execute(_COST_SQL.format(per=per), {"run": run.pk, "flagged": sorted(flagged)})
+            cursor.execute(_COST_SQL.format(per=per), {**params, "flagged": sorted(flagged)})
             minutes, median, wait, straggler_wait, lost = cursor.fetchone()
         cost = (WaitCost(minutes, median, wait, straggler_wait, float(lost)) if minutes
                 else WaitCost())
+    if every > 1:
+        cost = WaitCost(cost.minutes, cost.median_step_s, cost.wait_s, cost.straggler_wait_s,
+                        cost.straggler_lost_s * every)
     top = sorted(summaries, key=lambda s: (-s.excess_pct, s.rank))[:top_n]
     placements = read_placements(run, sorted({s.rank for s in top} | flagged))
-    return straggler_report(summaries, cost, placements, top_n=top_n)
+    report = straggler_report(summaries, cost, placements, top_n=top_n)
+    report.minutes_every = every
+    return report

@@ -108,6 +108,9 @@ class TimeOfDay:
     hourly_temp_c: list[float | None] = field(default_factory=lambda: [None] * 24)
     days: list[DayCurve] = field(default_factory=list)
     correlation: Correlation = field(default_factory=lambda: Correlation(None, 0, None))
+    # 1 when every minute was read; k when a long run was read every k-th minute.
+    minutes_every: int = 1
+    gpu_minutes_every: int = 1
 
     @property
     def amplitude_pp(self) -> float | None:
@@ -253,16 +256,20 @@ def time_of_day(
     return result
 
 
-# The query layer: two GROUP BY minute reads of the rollups along their (run, minute, …) unique
-# index, so the page costs ~1,440 rows a day whatever the number of ranks or GPUs.
+# The query layer: GROUP BY minute reads of the rollups along their (run, minute, …) unique index,
+# so the page costs ~1,440 rows a day whatever the number of ranks or GPUs; on a long, wide run
+# they read a systematic sample of minutes (collectors.minute_sample), recorded in the result.
 
 
-def read_step_minutes(run) -> list[StepMinuteTotals]:
+def read_step_minutes(run, minutes=None) -> list[StepMinuteTotals]:
     from django.db.models import Count, Sum
 
     from collectors.models import StepMinute
 
-    rows = (StepMinute.objects.filter(run=run).values("minute")
+    queryset = StepMinute.objects.filter(run=run)
+    if minutes is not None:
+        queryset = queryset.filter(minute__in=minutes)
+    rows = (queryset.values("minute")
             .annotate(ranks=Count("rank"), steps_=Sum("steps"), tokens_=Sum("tokens"),
                       timed=Sum("duration_n"), seconds=Sum("duration_sum"))
             .order_by("minute")
@@ -272,12 +279,15 @@ def read_step_minutes(run) -> list[StepMinuteTotals]:
             for minute, ranks, steps, tokens, timed, seconds in rows]
 
 
-def read_gpu_minutes(run) -> list[GpuMinuteTotals]:
+def read_gpu_minutes(run, minutes=None) -> list[GpuMinuteTotals]:
     from django.db.models import Sum
 
     from collectors.models import GpuMinute
 
-    rows = (GpuMinute.objects.filter(run=run, temp_n__gt=0).values("minute")
+    queryset = GpuMinute.objects.filter(run=run, temp_n__gt=0)
+    if minutes is not None:
+        queryset = queryset.filter(minute__in=minutes)
+    rows = (queryset.values("minute")
             .annotate(temp_sum_=Sum("temp_sum"), temp_n_=Sum("temp_n"))
             .order_by("minute")
             .values_list("minute", "temp_sum_", "temp_n_"))
@@ -287,4 +297,15 @@ def read_gpu_minutes(run) -> list[GpuMinuteTotals]:
 
 def read_time_of_day(run) -> TimeOfDay:
     """The run's time-of-day analysis, from its rollups."""
-    return time_of_day(read_step_minutes(run), read_gpu_minutes(run), run.timezone)
+    from collectors import minute_sample
+    from collectors.models import GpuMinute, StepMinute
+
+    step_sample, step_every = minute_sample.sampled_minutes(StepMinute.objects.filter(run=run))
+    steps = read_step_minutes(run, step_sample)
+    # Temperature only matters in productive minutes: sample among those.
+    productive = [datetime.fromtimestamp(m.minute, tz=UTC) for m in steps if m.steps > 0]
+    gpu_minutes, gpu_every = minute_sample.thin(GpuMinute.objects.filter(run=run), productive)
+    result = time_of_day(steps, read_gpu_minutes(run, gpu_minutes if gpu_every > 1 else None),
+                         run.timezone)
+    result.minutes_every, result.gpu_minutes_every = step_every, gpu_every
+    return result

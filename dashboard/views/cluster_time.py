@@ -68,6 +68,23 @@ def amplitude_sentence(result: tod_analysis.TimeOfDay) -> str:
             f"{hour(slow)} ({signed_pct(result.hourly_deviation_pct[slow])}).")
 
 
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def sampling_note(step_every: int, gpu_every: int = 1) -> str:
+    """Says so when a long run was read every k-th minute (collectors.minute_sample)."""
+    parts = []
+    if step_every > 1:
+        parts.append(f"every {_ordinal(step_every)} minute of steps")
+    if gpu_every > 1:
+        parts.append(f"every {_ordinal(gpu_every)} productive minute of GPU samples")
+    if not parts:
+        return ""
+    return ("A long run: to answer within a second this page read " + " and ".join(parts)
+            + ", a systematic sample.")
+
+
 def time_of_day_data(run) -> dict[str, Any]:
     result = tod_analysis.read_time_of_day(run)
     r = result.correlation.r
@@ -88,6 +105,7 @@ def time_of_day_data(run) -> dict[str, Any]:
             "minutes": formatting.integer(result.minutes),
             "days": len(result.days),
             "timezone": result.timezone,
+            "sampling": sampling_note(result.minutes_every, result.gpu_minutes_every),
             "amplitude_sentence": amplitude_sentence(result),
             "correlation_caption": correlation_caption(result.correlation),
         },
@@ -125,6 +143,7 @@ def straggler_data(run) -> dict[str, Any]:
             "straggler_wait_pct": share_of_step(cost.straggler_wait_pct),
             "straggler_lost": (duration(cost.straggler_lost_s) if report.stragglers
                                else "—"),
+            "sampling": sampling_note(report.minutes_every),
             "slow_pct": f"{report.slow_pct:g}%",
             "persistent_pct": f"{100 * report.persistent_share:g}%",
         },

@@ -171,3 +171,23 @@ def test_finds_the_simulators_planted_stragglers_and_no_others(project):
     assert [s.rank for s in report.stragglers] == [s["rank"] for s in truth.stragglers]
     healthy = [r for r in report.ranks if r.rank not in planted]
     assert len(healthy) == 29 and max(r.excess_pct for r in healthy) < 1.0
+
+
+@pytest.mark.django_db
+def test_a_run_over_the_row_budget_is_read_every_kth_minute(project, monkeypatch):
+    from collectors import minute_sample
+
+    run = Run.objects.create(project=project, name="long", world_size=8)
+    start = datetime(2026, 6, 1, tzinfo=UTC)
+    StepMinute.objects.bulk_create(
+        StepMinute(run=run, rank=rank, minute=start + timedelta(minutes=i), steps=10,
+                   duration_n=10, duration_sum=10 * (6.6 if rank == 3 else 6.0), tokens=10)
+        for i in range(600) for rank in range(8))
+    exact = read_stragglers(run)
+    monkeypatch.setattr(minute_sample, "ROW_BUDGET", 800)
+    sampled = read_stragglers(run)
+    assert (exact.minutes_every, sampled.minutes_every) == (1, 6)
+    assert sampled.flagged_ranks == exact.flagged_ranks == {3}
+    assert sampled.stragglers[0].minutes == 100
+    # Time lost is scaled back to the whole run.
+    assert sampled.cost.straggler_lost_s == pytest.approx(exact.cost.straggler_lost_s)

@@ -192,3 +192,33 @@ def test_recovers_the_simulators_planted_diurnal_swing(project):
     assert max(abs(ours - planted) for ours, planted in pairs) < 0.2
     # The heat of the afternoon is the slow time, and the GPUs' temperature says so.
     assert result.correlation.n == 24 and result.correlation.r < -0.8
+
+
+@pytest.mark.django_db
+def test_a_run_over_the_row_budget_is_read_every_kth_minute_and_says_so(project, monkeypatch):
+    from collectors import minute_sample
+
+    run = Run.objects.create(project=project, name="long", timezone="UTC")
+    start = datetime(2026, 6, 1, tzinfo=UTC)
+    steps, gpus = [], []
+    for i in range(2 * 1440):
+        minute = start + timedelta(minutes=i)
+        duration = 6.0 * (1.02 if 12 <= minute.hour < 18 else 1.0)
+        for rank in range(2):
+            steps.append(StepMinute(run=run, rank=rank, minute=minute, steps=10, duration_n=10,
+                                    duration_sum=10 * duration, tokens=10 * 1000))
+        for gpu in range(4):
+            gpus.append(GpuMinute(run=run, host="node0", gpu=gpu, minute=minute, samples=6,
+                                  temp_n=6, temp_sum=6 * (70.0 if 12 <= minute.hour < 18 else 60)))
+    StepMinute.objects.bulk_create(steps)
+    GpuMinute.objects.bulk_create(gpus)
+    exact = read_time_of_day(run)
+    assert (exact.minutes_every, exact.gpu_minutes_every) == (1, 1)
+
+    monkeypatch.setattr(minute_sample, "ROW_BUDGET", 1000)
+    sampled = read_time_of_day(run)
+    # 5,760 step rows for 1,000: every 6th minute; then 480 productive minutes × 4 GPUs: every 2nd.
+    assert (sampled.minutes_every, sampled.gpu_minutes_every) == (6, 2)
+    assert sampled.minutes == 480
+    assert sampled.amplitude_pp == pytest.approx(exact.amplitude_pp)
+    assert sampled.hourly_temp_c == exact.hourly_temp_c
