@@ -184,11 +184,12 @@ class RankMinutes:
 
 _MINUTE_COLUMNS = ("last_step", "steps", "duration_n", "duration_sum", "duration_max", "tokens",
                    "loss_n", "loss_sum")
-# One row per rank, each column packed by PostgreSQL into a bytea of big-endian float8s (NULL as
-# NaN) that NumPy reads in place: a month-long run's 16 ranks are ~700k rollup rows, and building
-# a Python tuple per row (or reading a COPY row by row) cost several times the query itself.
+# One row per rank, its minutes packed by PostgreSQL into one bytea of big-endian float8s (NULL as
+# NaN), nine per minute, that NumPy reads in place: a month-long run's 16 ranks are ~700k rollup
+# rows, and building a Python tuple per row (or reading a COPY row by row) cost several times the
+# query. One aggregate of concatenated values is ~25% cheaper than one aggregate per column.
 _MINUTES_SQL = """
-SELECT rank, {columns}
+SELECT rank, string_agg({packed}, ''::bytea)
 FROM {table} WHERE run_id = %(run)s AND rank = ANY(%(ranks)s)
   AND minute >= %(since)s AND minute < %(until)s
 GROUP BY rank
@@ -208,21 +209,20 @@ def run_step_minutes_by_rank(run: Run, ranks: Iterable[int],
     since = since.replace(second=0, microsecond=0)  # the minute that holds ``since``
     if connection.vendor != "postgresql":
         return _step_minutes_portable(run, ranks, since, until)
-    packed = ", ".join(
-        f"string_agg(float8send(coalesce(({expression})::float8, 'NaN')), ''::bytea)"
+    packed = " || ".join(
+        f"float8send(coalesce(({expression})::float8, 'NaN'))"
         for expression in ("extract(epoch FROM minute)", *_MINUTE_COLUMNS))
-    sql = _MINUTES_SQL.format(columns=packed, table=StepMinute._meta.db_table)
+    sql = _MINUTES_SQL.format(packed=packed, table=StepMinute._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(sql, {"run": run.pk, "ranks": ranks, "since": since, "until": until})
         rows = cursor.fetchall()
     found = {}
-    for rank, *columns in rows:
-        # Every aggregate of a group sees its rows in the same order, so the columns line up;
-        # that order is not the minutes', which one argsort restores (cheaper than ORDER BY in
-        # each of the ten aggregates).
-        values = [np.frombuffer(column, dtype=">f8").astype(np.float64) for column in columns]
-        order = np.argsort(values[0], kind="stable")
-        found[rank] = RankMinutes(*(column[order] for column in values))
+    for rank, packed_rows in rows:
+        table = np.frombuffer(packed_rows, dtype=">f8").astype(np.float64).reshape(
+            -1, 1 + len(_MINUTE_COLUMNS))
+        # string_agg's order is the scan's, not the minutes': one argsort restores it.
+        table = table[np.argsort(table[:, 0], kind="stable")]
+        found[rank] = RankMinutes(*table.T)
     return dict(sorted(found.items()))
 
 
