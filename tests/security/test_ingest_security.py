@@ -181,13 +181,14 @@ def test_the_limit_setting_is_checked():
 @pytest.mark.django_db(transaction=True)
 def test_the_plugin_keeps_a_throttled_batch_and_sends_it_after_retry_after(
         live_server, eager, settings, tmp_path):
-    settings.RUNWATCH_INGEST_RATE_LIMIT = "2/2"
+    settings.RUNWATCH_INGEST_RATE_LIMIT = "1/3"
     _, plain = IngestToken.issue(Project.objects.create(slug="llm"))
+    ratelimit.retry_after(plain)  # this window's one batch is spent: the first send is throttled
     monitor = Monitor("llm", "throttled", url=live_server.url, token=plain, flush_interval_s=0.05,
                       spool_dir=tmp_path, capture_signals=False, gpu_sampling=False)
     for step in range(40):
         monitor.step(step, loss=1.0 / (step + 1))
-        time.sleep(0.01)
+        time.sleep(0.04)
     delivered = monitor.close(timeout_s=60)
 
     assert delivered
@@ -196,7 +197,7 @@ def test_the_plugin_keeps_a_throttled_batch_and_sends_it_after_retry_after(
     steps = sorted(StepMetric.objects.filter(run__name="throttled").values_list("step", flat=True))
     assert steps == list(range(40))
     record("rate-limited-sender", fault="ingest rate limit (429) hit by a real plugin",
-           action=f"RUNWATCH_INGEST_RATE_LIMIT=2/2, 40 steps in batches every 50 ms; "
+           action=f"RUNWATCH_INGEST_RATE_LIMIT=1/3, 40 steps in batches every 50 ms; "
                   f"{monitor.stats['send_errors']} answers were 429, each batch kept and resent "
                   "after Retry-After",
            sent=40, stored=len(steps), duplicated=len(steps) - len(set(steps)))
