@@ -260,3 +260,12 @@ def test_a_token_used_again_keeps_its_project_and_last_use(token, other_token):
     assert "belongs to project 'llm'" in refused["rejected"]
     assert IngestToken.objects.get(project__slug="llm").last_used_at is not None
     assert IngestToken.objects.get(project__slug="vision").last_used_at is None
+
+
+def test_each_stored_batch_records_its_rank_host_and_local_rank(token):
+    ingest_batch(step_batch(rank=9, world_size=16, count=2), token=token)  # first: creates the run
+    ingest_batch(step_batch(rank=3, world_size=16, count=4, gpus=2), token=token)  # cached ids
+
+    assert sorted(IngestedBatch.objects.values_list(
+        "rank", "host", "local_rank", "steps", "gpu_samples", "events")) == [
+        (3, "node000", 3, 4, 2, 0), (9, "node001", 1, 2, 0, 0)]
