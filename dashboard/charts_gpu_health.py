@@ -1,6 +1,6 @@
 """Plotly figures for a run's GPU health page, as plain dicts (see dashboard.charts): heatmaps of
 temperature and power per GPU over time. Rows are GPUs (``host:gpu``), columns time buckets sized so
-that the grid stays within a few hundred thousand cells however many GPUs the run has."""
+that the grid stays within some 50,000 cells however many GPUs the run has."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ def heatmap_figure(grid: Heatmap, which: str) -> Figure:
         "y": grid.gpus,
         "z": z,
         "colorscale": "YlOrRd" if which == "temp" else "Viridis",
+        # Plotly's YlOrRd runs red to yellow; hot must be red.
+        "reversescale": which == "temp",
         "colorbar": {"title": {"text": unit}, "thickness": 12},
         "hoverongaps": False,
         "hovertemplate": "%{y}<br>%{x}<br>%{z:.1f} " + unit + "<extra></extra>",

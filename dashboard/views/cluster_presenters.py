@@ -32,7 +32,7 @@ MAX_SWINGS = 25
 #: The per-minute series' own swings (for the whole-run histogram) span up to two minutes.
 MINUTE_WINDOW_S = 120.0
 #: GPU health: the heatmap's cells (GPUs × buckets) stay under this.
-MAX_HEATMAP_CELLS = 200_000
+MAX_HEATMAP_CELLS = 50_000
 TOP_GPUS = 20
 EVENT_ROWS = 200
 
