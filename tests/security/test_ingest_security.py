@@ -201,3 +201,20 @@ def test_the_plugin_keeps_a_throttled_batch_and_sends_it_after_retry_after(
                   f"{monitor.stats['send_errors']} answers were 429, each batch kept and resent "
                   "after Retry-After",
            sent=40, stored=len(steps), duplicated=len(steps) - len(set(steps)))
+
+
+@pytest.mark.django_db
+def test_an_unknown_token_is_refused_before_the_body_is_read(client, token, ingest_queue):
+    """A body that is not even JSON: with a good token it is a 400 (it was parsed), with an unknown
+    token a 401 (it never was), so strangers cannot make the collector parse 16 MiB bodies."""
+    body = b"{not json" + b" " * 1_000_000
+    headers = {"content_type": "application/json"}
+
+    known = client.post(URL, data=body, HTTP_AUTHORIZATION=f"Bearer {token}", **headers)
+    unknown = client.post(URL, data=body, HTTP_AUTHORIZATION="Bearer rw_" + "z" * 43, **headers)
+
+    assert known.status_code == 400
+    assert unknown.status_code == 401
+    assert unknown["WWW-Authenticate"] == "Bearer"
+    assert "not valid or has been revoked" in unknown.json()["error"]
+    assert len(ingest_queue) == 0
