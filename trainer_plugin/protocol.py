@@ -361,12 +361,13 @@ def validate_batch(batch: Any) -> dict[str, Any]:
             f"unsupported wire format version {version!r}; this collector speaks v{VERSION}", "v"
         )
     batch_id = batch.get("batch_id")
-    try:
-        uuid.UUID(str(batch_id))
-    except ValueError:
-        raise ProtocolError("'batch_id' must be a UUID", "batch_id") from None
+    # The type first: str() of a hostile value (a list nested thousands deep) would not return.
     if not isinstance(batch_id, str):
         raise ProtocolError("'batch_id' must be a UUID string", "batch_id")
+    try:
+        uuid.UUID(batch_id)
+    except ValueError:
+        raise ProtocolError("'batch_id' must be a UUID", "batch_id") from None
 
     run = _require_dict(batch.get("run"), "run")
     _require_str(run, "project", "run.project", _SLUG, max_len=MAX_PROJECT_CHARS)

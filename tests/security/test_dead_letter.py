@@ -24,6 +24,8 @@ HOSTILE = {
     "lone surrogate in the project": lambda b: b["run"].__setitem__("project", "l\ud800m"),
     "lone surrogate as the batch id": lambda b: b.__setitem__("batch_id", "\ud800"),
     "batch id nested 5000 deep": lambda b: b.__setitem__("batch_id", _deep(5000)),
+    # The validator's own error message (repr of the bad value) cannot be built for this one.
+    "a step nested 5000 deep": lambda b: b["steps"]["step"].__setitem__(0, _deep(5000)),
 }
 
 

@@ -43,6 +43,7 @@ CASES = {
         lambda b: b["steps"]["metrics"].__setitem__("loss\n", b["steps"]["metrics"].pop("loss")),
         "steps.metrics"),
     "gpu index beyond smallint": (lambda b: b["gpus"]["gpu"].__setitem__(0, 40_000), "gpus.gpu"),
+    "batch id nested 5000 deep": (lambda b: b.__setitem__("batch_id", _nested(5000)), "batch_id"),
 }
 
 
