@@ -91,3 +91,13 @@ bench-plugin: $(BENCH_STAMP)
 bench-ingest: venv $(BENCH_STAMP)
 	scripts/ensure_services.sh --no-browser
 	$(BIN)/python bench/ingest_e2e.py $(BENCH_ARGS)
+
+# Every dashboard page and JSON chart endpoint of a run with 20M GPU samples and 1M step rows:
+# p50/p95 and points per trace, exit 1 over 500 ms or 5,000 points (bench/dashboard_load.py).
+# Loads its own database (runwatch_bench_dash) once, ~10 min; later runs reuse it when its shape
+# matches. A fresh load: make bench-dashboard BENCH_DASH_ARGS=; development: BENCH_DASH_ARGS=--quick
+BENCH_DASH_ARGS ?= --reuse
+.PHONY: bench-dashboard
+bench-dashboard: venv
+	scripts/ensure_services.sh --no-browser
+	$(BIN)/python bench/dashboard_load.py $(BENCH_DASH_ARGS)
