@@ -283,14 +283,16 @@ def read_placements(run, ranks: Iterable[int]) -> dict[int, Placement]:
 
 def read_stragglers(run, *, top_n: int = TOP_N) -> StragglerReport:
     """The run's straggler report. A long, wide run is read every k-th minute (see
-    collectors.minute_sample): minutes and slow minutes count the minutes read, and the time lost
-    is scaled by k."""
-    from django.db import connection
+    collectors.minute_sample; a third of its row budget, as a straggler is slow all the time and
+    the query sorts its rows twice): minutes and slow minutes count the minutes read, and the time
+    lost is scaled by k."""
+    from django.db import connection, transaction
 
     from collectors import minute_sample
     from collectors.models import StepMinute
 
-    sample, every = minute_sample.sampled_minutes(StepMinute.objects.filter(run=run))
+    sample, every = minute_sample.sampled_minutes(StepMinute.objects.filter(run=run),
+                                                  minute_sample.ROW_BUDGET // 3)
     if connection.vendor != "postgresql":
         rows = read_rank_minutes(run, sample)
         summaries = summarise_ranks(rows)
@@ -300,7 +302,9 @@ def read_stragglers(run, *, top_n: int = TOP_N) -> StragglerReport:
         per = _PER.format(table=StepMinute._meta.db_table,
                           sampled=_SAMPLED if sample is not None else "")
         params = {"run": run.pk, "minutes": sample}
-        with connection.cursor() as cursor:
+        with transaction.atomic(), connection.cursor() as cursor:
+            # The per-minute medians sort ~30k rows twice; the default 4 MB spills them to disk.
+            cursor.execute("SET LOCAL work_mem = '32MB'")
             cursor.execute(_SUMMARY_SQL.format(per=per),
                            {**params, "threshold": 1.0 + SLOW_PCT / 100.0})
             summaries = [RankSummary(rank, minutes, slow, excess, total)
