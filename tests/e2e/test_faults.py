@@ -6,10 +6,10 @@ One test per fault, each on its own private servers (tests/e2e/fault_services.py
 cluster, redis-server, Celery workers, gunicorn), so that stopping one never touches the shared
 services or another test. Each prints what it counted and records its row in docs/reliability.md.
 
-    Redis stopped 60 s ............ about 2 min
-    PostgreSQL crash-restarted .... about 1 min
-    worker SIGKILLed mid-batch ×3 . about 1 min
-    HTTP ingest down 60 s ......... about 2 min
+    Redis stopped 60 s ............ 2.4 min    (setup and test, on the shared 2-core machine
+    PostgreSQL crash-restarted .... 1.9 min     with a load average of 9-15; a quiet machine
+    worker SIGKILLed mid-batch ×3 . 1.5 min     mostly saves the ~30 s each job takes to start)
+    HTTP ingest down 60 s ......... 2.1 min
 
 Run with `make test-faults` (marker ``faults``; `make test` leaves them out)."""
 
