@@ -159,8 +159,12 @@ class RejectedBatch(models.Model):
 
 
 class StepMetric(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
-    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False)
+    # No database foreign keys on the raw telemetry: PostgreSQL checks each row's two keys at
+    # COMMIT, about two thirds of the database's cost per batch (bench/README.md). Ingest reads
+    # both ids inside the batch's own transaction, and Django still cascades a run's deletion.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False, db_constraint=False)
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False,
+                                db_constraint=False)
     rank = models.PositiveIntegerField()
     step = models.BigIntegerField()
     ts = models.DateTimeField()
@@ -178,8 +182,12 @@ class StepMetric(models.Model):
 
 
 class GpuSample(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
-    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False)
+    # No database foreign keys on the raw telemetry: PostgreSQL checks each row's two keys at
+    # COMMIT, about two thirds of the database's cost per batch (bench/README.md). Ingest reads
+    # both ids inside the batch's own transaction, and Django still cascades a run's deletion.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False, db_constraint=False)
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False,
+                                db_constraint=False)
     host = models.CharField(max_length=255)
     gpu = models.PositiveSmallIntegerField()
     ts = models.DateTimeField()
