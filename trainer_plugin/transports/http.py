@@ -21,6 +21,18 @@ TRANSIENT_STATUSES = frozenset({408, 429})
 ACCEPTED_STATUSES = frozenset({200, 202})
 
 
+class _KeepPost(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect. urllib turns a redirected POST into a GET without the body, which the
+    collector refuses, and a refused batch is dropped; a collector that redirects (http → https
+    behind RUNWATCH_HTTPS, a moved host) is a configuration to fix, while the batch is kept."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_KeepPost)
+
+
 def ingest_url(url: str) -> str:
     url = url.rstrip("/")
     return url if url.endswith(INGEST_PATH) else url + INGEST_PATH
@@ -74,7 +86,7 @@ class HttpTransport:
                                          method="POST")
         timeout = self.timeout_s if timeout_s is None else max(0.1, min(timeout_s, self.timeout_s))
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with _OPENER.open(request, timeout=timeout) as response:
                 status = response.status
                 body = response.read()
         except urllib.error.HTTPError as error:
@@ -86,6 +98,11 @@ class HttpTransport:
             retry_after = parse_retry_after(error.headers.get("Retry-After") if error.headers
                                             else None)
             message = _server_message(body)
+            if 300 <= status < 400:
+                location = error.headers.get("Location") if error.headers else None
+                raise TransientSendError(
+                    f"{self.url} answered {status}, redirecting to {location}: set RUNWATCH_URL "
+                    "to that address (https?); batches are kept until then", retry_after) from None
             if status >= 500 or status in TRANSIENT_STATUSES:
                 raise TransientSendError(f"{self.url} answered {status}: {message}",
                                          retry_after) from None
