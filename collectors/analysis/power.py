@@ -382,20 +382,23 @@ def merge_swings(groups: Iterable[Iterable[Swing]], limit: int | None = None) ->
 
 
 def candidate_regions(minutes: MinutePower, *, min_kw: float, window_s: float = DEFAULT_WINDOW_S,
-                      margin_s: float = 0.0, limit: int | None = None) -> list[tuple[float, float]]:
-    """Time ranges (start, end), Unix seconds, that contain every swing of at least ``min_kw``
-    within ``window_s``, largest possible swing first (up to ``limit`` ranges).
+                      carry_s: float = 0.0, margin_s: float = 0.0,
+                      limit: int | None = None) -> list[tuple[float, float]]:
+    """Time ranges (start, end), Unix seconds, where a swing of at least ``min_kw`` within
+    ``window_s`` can be, largest possible swing first (up to ``limit`` ranges).
 
-    A swing from second a to b (b − a ≤ W) has P(a) ≤ upper(minute of a) and P(b) ≥ lower(minute of
-    b), and the reverse for a rise, with the minute of a at most ceil(W / 60) minutes before that of
-    b; so minute m can end a swing of size D only if max(upper[m-k..m]) − lower[m] ≥ D (a fall) or
-    upper[m] − min(lower[m-k..m]) ≥ D (a rise). Each candidate minute m gives the range
+    A swing from second a to b (b − a ≤ W) moves P between values that samples of the minutes
+    around a and b set; a sample is carried for up to ``carry_s``, so P(a) may come from as far
+    as k = ceil((W + carry) / 60) minutes before b's minute. Minute m can therefore end a swing of
+    size D only if max(upper[m-k..m]) − lower[m] ≥ D (a fall) or upper[m] − min(lower[m-k..m]) ≥ D
+    (a rise) — exact per GPU, and for the cluster sum a screen that holds when the GPUs move
+    together (which is what a cluster swing is). Each candidate minute m gives the range
     [start of m−k − margin, end of m + margin]; overlapping ranges are merged."""
     upper, lower = minutes.upper, minutes.lower
     n = len(upper)
     if n == 0:
         return []
-    k = max(1, math.ceil(window_s / 60.0))
+    k = max(1, math.ceil((window_s + carry_s) / 60.0))
     series_start = minutes.series.start
     pad_u = np.concatenate((np.full(k, np.nan), upper))
     pad_l = np.concatenate((np.full(k, np.nan), lower))

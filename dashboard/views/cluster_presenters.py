@@ -115,7 +115,7 @@ def power_view(run: Run, start: float | None = None, end: float | None = None, *
         swings, detail, per_minute = every[:MAX_SWINGS], [], False
     else:
         regions = [(r0, r1) for r0, r1 in power.candidate_regions(
-            minutes, min_kw=min_kw, window_s=window_s, margin_s=window_s / 2,
+            minutes, min_kw=min_kw, window_s=window_s, carry_s=stale, margin_s=window_s / 2,
             limit=MAX_REGIONS * 4) if r1 >= lo and r0 <= hi][:MAX_REGIONS]
         found, detail = [], []
         for r0, r1 in regions:
