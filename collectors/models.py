@@ -258,6 +258,57 @@ class GpuMinute(models.Model):
                                                name="gpu_minute_unique")]
 
 
+class HostMinute(models.Model):
+    """One host's GpuMinute rows of one minute summed over its GPUs, kept from GpuMinute by ingest
+    (collectors.rollups): whole-run cluster reads cost a row per host, not per GPU, a minute.
+    ``gpus``, ``power_*`` and ``power_samples`` cover the GPUs with a power sample that minute."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
+    host = models.CharField(max_length=255)
+    minute = models.DateTimeField()  # start of the minute, UTC
+    gpus = models.PositiveIntegerField(default=0)
+    power_samples = models.PositiveIntegerField(default=0)
+    power_mean_sum = models.FloatField(default=0.0)  # Σ over GPUs of power_sum / power_n
+    power_min_sum = models.FloatField(default=0.0)
+    power_max_sum = models.FloatField(default=0.0)
+    temp_n = models.PositiveIntegerField(default=0)
+    temp_sum = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "minute", "host"],
+                                               name="host_minute_unique")]
+
+
+class GpuHour(models.Model):
+    """One GPU's GpuMinute rows of one hour merged (sums and counts add, extremes compare), kept
+    from GpuMinute by ingest. ``throttled`` counts only minutes whose bits include a throttling
+    reason (collectors.analysis.gpu_health.THROTTLING_MASK), as GPU health reads it."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
+    host = models.CharField(max_length=255)
+    gpu = models.PositiveSmallIntegerField()
+    hour = models.DateTimeField()  # start of the hour, UTC
+    samples = models.PositiveIntegerField(default=0)
+    temp_n = models.PositiveIntegerField(default=0)
+    temp_sum = models.FloatField(default=0.0)
+    temp_max = models.FloatField(null=True)
+    power_n = models.PositiveIntegerField(default=0)
+    power_sum = models.FloatField(default=0.0)
+    power_min = models.FloatField(null=True)
+    power_max = models.FloatField(null=True)
+    util_n = models.PositiveIntegerField(default=0)
+    util_sum = models.FloatField(default=0.0)
+    clock_n = models.PositiveIntegerField(default=0)
+    clock_sum = models.FloatField(default=0.0)
+    clock_min = models.FloatField(null=True)
+    throttled = models.PositiveIntegerField(default=0)
+    throttle_bits = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "hour", "host", "gpu"],
+                                               name="gpu_hour_unique")]
+
+
 class Event(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
     attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False)

@@ -27,7 +27,14 @@ STEP_KEY = ("run_id", "rank", "minute")
 STEP_VALUES = (("steps", ADD), ("last_step", MAX), ("duration_n", ADD), ("duration_sum", ADD),
                ("duration_max", MAX), ("tokens", ADD), ("loss_n", ADD), ("loss_sum", ADD))
 
+# NVML's reasons that mean the GPU was held back (power cap, thermal, HW slowdown); idle, app
+# clocks, sync boost and display clock are normal operation. The same mask as
+# collectors.analysis.gpu_health.THROTTLING_MASK (imported there would be a cycle of layers).
+THROTTLING_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
 GPU_TABLE = "collectors_gpuminute"
+HOST_TABLE = "collectors_hostminute"
+HOUR_TABLE = "collectors_gpuhour"
 GPU_KEY = ("run_id", "host", "gpu", "minute")
 GPU_VALUES = (("samples", ADD), ("temp_n", ADD), ("temp_sum", ADD), ("temp_max", MAX),
               ("power_n", ADD), ("power_sum", ADD), ("power_min", MIN), ("power_max", MAX),
@@ -119,7 +126,8 @@ def gpu_groups(ts_micros: np.ndarray, gpu: np.ndarray, temp: np.ndarray, power: 
         "power_max": _extreme(inverse, n, power, MAX),
         "util_n": util_n, "util_sum": util_sum,
         "clock_n": clock_n, "clock_sum": clock_sum, "clock_min": _extreme(inverse, n, clock, MIN),
-        "throttled": np.bincount(inverse, weights=bits != 0, minlength=n).astype(np.int64).tolist(),
+        "throttled": np.bincount(inverse, weights=(bits & THROTTLING_MASK) != 0,
+                                 minlength=n).astype(np.int64).tolist(),
         "throttle_bits": bits_or.tolist(),
     })
 
@@ -149,6 +157,8 @@ def add(run_id: int, rank: int, host: str, steps: Groups, gpus: Groups) -> None:
         else:
             for upsert in upserts:
                 _sqlite_upsert(cursor, *upsert)
+    if len(gpus):
+        _derive(run_id, host, gpus.columns["minute"], gpus.columns["gpu"])
 
 
 def add_steps(run_id: int, rank: int, groups: Groups) -> None:
@@ -230,6 +240,180 @@ def _sqlite_rows(constants: dict, per_group: list[str], groups: Groups) -> list[
     return [(*constants.values(), *row) for row in zip(*columns, strict=True)]
 
 
+# --- HostMinute and GpuHour, derived from GpuMinute ---------------------------------------------
+#
+# Both are recomputed from GpuMinute (replace, not merge) for what a batch touched: the host's
+# minutes, and the (GPU, hour)s. Exact however batches split minutes and hours, and idempotent.
+# Only ingest of the same host writes these rows, so workers on different hosts never contend.
+
+_HOST_SELECT = f"""
+SELECT run_id, host, minute, count(*) FILTER (WHERE power_n > 0),
+       coalesce(sum(samples) FILTER (WHERE power_n > 0), 0),
+       coalesce(sum(power_sum / power_n) FILTER (WHERE power_n > 0), 0),
+       coalesce(sum(power_min) FILTER (WHERE power_n > 0), 0),
+       coalesce(sum(power_max) FILTER (WHERE power_n > 0), 0),
+       sum(temp_n), sum(temp_sum)
+FROM {GPU_TABLE} {{where}}
+GROUP BY run_id, host, minute
+"""
+_HOST_COLUMNS = ("run_id", "host", "minute", "gpus", "power_samples", "power_mean_sum",
+                 "power_min_sum", "power_max_sum", "temp_n", "temp_sum")
+_HOUR_SELECT = f"""
+SELECT run_id, host, gpu, date_trunc('hour', minute), sum(samples), sum(temp_n), sum(temp_sum),
+       max(temp_max), sum(power_n), sum(power_sum), min(power_min), max(power_max), sum(util_n),
+       sum(util_sum), sum(clock_n), sum(clock_sum), min(clock_min),
+       coalesce(sum(throttled) FILTER (WHERE throttle_bits & {THROTTLING_MASK} <> 0), 0),
+       bit_or(throttle_bits)
+FROM {GPU_TABLE} {{where}}
+GROUP BY run_id, host, gpu, date_trunc('hour', minute)
+"""
+_HOUR_COLUMNS = ("run_id", "host", "gpu", "hour", "samples", "temp_n", "temp_sum", "temp_max",
+                 "power_n", "power_sum", "power_min", "power_max", "util_n", "util_sum",
+                 "clock_n", "clock_sum", "clock_min", "throttled", "throttle_bits")
+
+
+def _replace(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in key)
+    return (f"INSERT INTO {table} ({', '.join(columns)}) {{select}} "
+            f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}")
+
+
+_HOST_UPSERT = _replace(HOST_TABLE, _HOST_COLUMNS, ("run_id", "host", "minute"))
+_HOUR_UPSERT = _replace(HOUR_TABLE, _HOUR_COLUMNS, ("run_id", "host", "gpu", "hour"))
+
+# One statement: both CTEs read GpuMinute as the batch's upsert (an earlier statement of the same
+# transaction) left it. date_trunc follows the session's zone, hence AT TIME ZONE 'UTC' on the
+# hour (an hour of UTC whatever the session says; zones with half-hour offsets exist).
+_PG_DERIVE = f"""
+WITH hosts AS ({_HOST_UPSERT.format(select=_HOST_SELECT.format(where=
+    "WHERE run_id = %(run)s AND host = %(host)s AND minute = ANY(ARRAY("
+    "SELECT to_timestamp(m) FROM unnest(%(minutes)s::int8[]) AS m))"))}),
+hours AS ({_HOUR_UPSERT.format(select=_HOUR_SELECT.replace(
+    "date_trunc('hour', minute)", "(date_trunc('hour', minute AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')"
+).format(where=
+    "g JOIN unnest(%(gpus)s::int8[], %(hours)s::int8[]) AS t(gpu, hour) "
+    "ON g.gpu = t.gpu AND g.minute >= to_timestamp(t.hour) "
+    "AND g.minute < to_timestamp(t.hour + 3600) "
+    "WHERE g.run_id = %(run)s AND g.host = %(host)s").replace(
+    "SELECT run_id, host, gpu,", "SELECT g.run_id, g.host, g.gpu,").replace(
+    "GROUP BY run_id, host, gpu,", "GROUP BY g.run_id, g.host, g.gpu,"))})
+SELECT 1
+"""
+
+
+def _derive(run_id: int, host: str, minutes: list, gpus: list) -> None:
+    """Recomputes the HostMinute rows of ``host``'s ``minutes`` (Unix seconds) and the GpuHour
+    rows of the hours those minutes fall in, for the GPUs given, from GpuMinute."""
+    touched_minutes = sorted(set(minutes))
+    touched_hours = sorted({(gpu, minute - minute % 3600)
+                            for gpu, minute in zip(gpus, minutes, strict=True)})
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_PG_DERIVE, {
+                "run": run_id, "host": host, "minutes": _array_literal(touched_minutes),
+                "gpus": _array_literal([g for g, _ in touched_hours]),
+                "hours": _array_literal([h for _, h in touched_hours])})
+        return
+    _derive_portably(run_id, host, touched_minutes, touched_hours)
+
+
+def _derive_portably(run_id: int, host: str, minutes: list[int],
+                     hours: list[tuple[int, int]]) -> None:
+    """SQLite (the embedded mode): the same aggregates computed in Python from the touched
+    GpuMinute rows, written with update_or_create (a few rows per batch)."""
+    from collectors.models import GpuHour, GpuMinute, HostMinute
+
+    def when(seconds: int) -> datetime:
+        return datetime.fromtimestamp(seconds, tz=UTC)
+
+    if minutes:
+        rows = GpuMinute.objects.filter(run_id=run_id, host=host,
+                                        minute__in=[when(m) for m in minutes])
+        for minute, values in _host_totals(rows).items():
+            HostMinute.objects.update_or_create(run_id=run_id, host=host, minute=minute,
+                                                defaults=values)
+    if hours:
+        # One range read, the untouched (GPU, hour)s dropped here: a rebuild touches them all.
+        rows = GpuMinute.objects.filter(
+            run_id=run_id, host=host, gpu__in={gpu for gpu, _ in hours},
+            minute__gte=when(min(h for _, h in hours)),
+            minute__lt=when(max(h for _, h in hours) + 3600))
+        touched = {(gpu, when(hour)) for gpu, hour in hours}
+        totals = _hour_totals(rows)
+        for (gpu, hour), values in totals.items():
+            if (gpu, hour) not in touched:
+                continue
+            GpuHour.objects.update_or_create(run_id=run_id, host=host, gpu=gpu, hour=hour,
+                                             defaults=values)
+
+
+def _host_totals(rows) -> dict:
+    totals: dict = {}
+    for m in rows:
+        t = totals.setdefault(m.minute, {"gpus": 0, "power_samples": 0, "power_mean_sum": 0.0,
+                                         "power_min_sum": 0.0, "power_max_sum": 0.0,
+                                         "temp_n": 0, "temp_sum": 0.0})
+        if m.power_n > 0:
+            t["gpus"] += 1
+            t["power_samples"] += m.samples
+            t["power_mean_sum"] += m.power_sum / m.power_n
+            t["power_min_sum"] += m.power_min
+            t["power_max_sum"] += m.power_max
+        t["temp_n"] += m.temp_n
+        t["temp_sum"] += m.temp_sum
+    return totals
+
+
+def _hour_totals(rows) -> dict:
+    totals: dict = {}
+    for m in rows:
+        hour = m.minute.replace(minute=0, second=0, microsecond=0)
+        t = totals.setdefault((m.gpu, hour), {
+            "samples": 0, "temp_n": 0, "temp_sum": 0.0, "temp_max": None, "power_n": 0,
+            "power_sum": 0.0, "power_min": None, "power_max": None, "util_n": 0,
+            "util_sum": 0.0, "clock_n": 0, "clock_sum": 0.0, "clock_min": None,
+            "throttled": 0, "throttle_bits": 0})
+        for name in ("samples", "temp_n", "temp_sum", "power_n", "power_sum", "util_n",
+                     "util_sum", "clock_n", "clock_sum"):
+            t[name] += getattr(m, name)
+        for name, pick in (("temp_max", max), ("power_min", min), ("power_max", max),
+                           ("clock_min", min)):
+            value = getattr(m, name)
+            if value is not None:
+                t[name] = value if t[name] is None else pick(t[name], value)
+        if m.throttle_bits & THROTTLING_MASK:
+            t["throttled"] += m.throttled
+        t["throttle_bits"] |= m.throttle_bits
+    return totals
+
+
+@transaction.atomic
+def derive_coarse(run_id: int | None = None) -> None:
+    """Rebuilds HostMinute and GpuHour of one run (or of every run) from GpuMinute as it stands:
+    for rollups filled without ingest (a rebuild, GpuMinute rows written directly)."""
+    from collectors.models import GpuHour, GpuMinute, HostMinute
+
+    for coarse in (HostMinute, GpuHour):
+        stale = coarse.objects.all()
+        (stale if run_id is None else stale.filter(run_id=run_id)).delete()
+    if connection.vendor == "postgresql":
+        where, params = ("WHERE run_id = %s", [run_id]) if run_id is not None else ("", [])
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL TimeZone = 'UTC'")
+            for upsert, select in ((_HOST_UPSERT, _HOST_SELECT), (_HOUR_UPSERT, _HOUR_SELECT)):
+                cursor.execute(upsert.format(select=select.format(where=where)), params)
+        return
+    minutes = GpuMinute.objects.all() if run_id is None else GpuMinute.objects.filter(run_id=run_id)
+    for run, host in minutes.values_list("run_id", "host").distinct():
+        rows = list(minutes.filter(run_id=run, host=host))
+        HostMinute.objects.bulk_create(
+            HostMinute(run_id=run, host=host, minute=minute, **values)
+            for minute, values in _host_totals(rows).items())
+        GpuHour.objects.bulk_create(
+            GpuHour(run_id=run, host=host, gpu=gpu, hour=hour, **values)
+            for (gpu, hour), values in _hour_totals(rows).items())
+
+
 # --- rebuilding from the raw tables ------------------------------------------------------------
 
 _STEP_REBUILD = f"""
@@ -249,7 +433,7 @@ SELECT run_id, host, gpu, date_trunc('minute', ts), count(*), count(temp_c),
        coalesce(sum(temp_c), 0), max(temp_c), count(power_w), coalesce(sum(power_w), 0),
        min(power_w), max(power_w), count(util_pct), coalesce(sum(util_pct), 0),
        count(sm_clock_mhz), coalesce(sum(sm_clock_mhz), 0), min(sm_clock_mhz),
-       count(*) FILTER (WHERE throttle <> 0), coalesce(bit_or(throttle), 0)
+       count(*) FILTER (WHERE throttle & {THROTTLING_MASK} <> 0), coalesce(bit_or(throttle), 0)
 FROM collectors_gpusample {{where}}
 GROUP BY run_id, host, gpu, date_trunc('minute', ts)
 """
@@ -259,7 +443,7 @@ GROUP BY run_id, host, gpu, date_trunc('minute', ts)
 def rebuild(run_id: int | None = None) -> dict[str, int]:
     """Recomputes the rollups of one run (or of every run) from the raw rows; returns how many
     rollup rows each table now holds for it."""
-    from collectors.models import GpuMinute, StepMinute
+    from collectors.models import GpuHour, GpuMinute, HostMinute, StepMinute
 
     if connection.vendor == "postgresql":
         where, params = ("WHERE run_id = %s", [run_id]) if run_id is not None else ("", [])
@@ -273,27 +457,31 @@ def rebuild(run_id: int | None = None) -> dict[str, int]:
             # hash aggregation of many minutes in memory rather than in batches on disk.
             cursor.execute("SET LOCAL TimeZone = 'UTC'")
             cursor.execute("SET LOCAL work_mem = '256MB'")
+            cursor.execute(f"LOCK TABLE {HOST_TABLE}, {HOUR_TABLE} IN SHARE ROW EXCLUSIVE MODE")
             for table, insert in ((STEP_TABLE, _STEP_REBUILD), (GPU_TABLE, _GPU_REBUILD)):
                 cursor.execute(f"DELETE FROM {table} {where}", params)
                 cursor.execute(insert.format(where=where), params)
     else:
         _rebuild_portably(run_id)
-    steps, gpus = StepMinute.objects.all(), GpuMinute.objects.all()
-    if run_id is not None:
-        steps, gpus = steps.filter(run_id=run_id), gpus.filter(run_id=run_id)
-    return {"step_minutes": steps.count(), "gpu_minutes": gpus.count()}
+    derive_coarse(run_id)
+    counts = {}
+    for name, model in (("step_minutes", StepMinute), ("gpu_minutes", GpuMinute),
+                        ("host_minutes", HostMinute), ("gpu_hours", GpuHour)):
+        rows = model.objects.all()
+        counts[name] = (rows if run_id is None else rows.filter(run_id=run_id)).count()
+    return counts
 
 
 def _rebuild_portably(run_id: int | None) -> None:
     """The embedded mode's rebuild (SQLite has no date_trunc or bit_or): the raw rows through the
     same aggregation and upsert as ingest, one run and rank (or host) at a time."""
     from collectors.columns import ints
-    from collectors.models import GpuMinute, GpuSample, StepMetric, StepMinute
+    from collectors.models import GpuHour, GpuMinute, GpuSample, HostMinute, StepMetric, StepMinute
 
     steps, gpus = StepMetric.objects.all(), GpuSample.objects.all()
     if run_id is not None:
         steps, gpus = steps.filter(run_id=run_id), gpus.filter(run_id=run_id)
-    for rollup in (StepMinute, GpuMinute):
+    for rollup in (StepMinute, GpuMinute, HostMinute, GpuHour):
         stale = rollup.objects.all()
         (stale if run_id is None else stale.filter(run_id=run_id)).delete()
 

@@ -23,15 +23,21 @@ def main() -> None:
     from tests.collectors.rollup_data import (
         GPU_NUMBERS,
         GPU_SUMS,
+        HOST_NUMBERS,
+        HOST_SUMS,
         STEP_NUMBERS,
         STEP_SUMS,
         T0,
         assert_same,
         batch,
         gpu_aggregates,
+        host_aggregates,
+        hour_aggregates,
         random_batches,
         step_aggregates,
         stored_gpus,
+        stored_hosts,
+        stored_hours,
         stored_steps,
     )
 
@@ -39,7 +45,8 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     token = IngestToken.issue(Project.objects.create(slug="llm"))[1]
     rng = random.Random(11)
-    batches = random_batches(rng)
+    # run-h starts 2.5 min before 10:00 UTC: its GpuHour rows straddle an hour.
+    batches = random_batches(rng) + random_batches(rng, run="run-h", t0=T0 - 150)
     deliveries = batches + rng.sample(batches, len(batches) // 3)
     rng.shuffle(deliveries)
     stored = sum(ingest_batch(copy.deepcopy(b), token=token)["stored"] for b in deliveries)
@@ -48,11 +55,20 @@ def main() -> None:
 
     run = Run.objects.get(name="run-1")
     steps, gpus = step_aggregates(run), gpu_aggregates(run)
-    assert_same(stored_steps(run), steps, STEP_NUMBERS, STEP_SUMS)
-    assert_same(stored_gpus(run), gpus, GPU_NUMBERS, GPU_SUMS)
+    coarse = {name: (host_aggregates(r), hour_aggregates(r))
+              for name, r in ((n, Run.objects.get(name=n)) for n in ("run-1", "run-h"))}
+
+    def check() -> None:
+        assert_same(stored_steps(run), steps, STEP_NUMBERS, STEP_SUMS)
+        assert_same(stored_gpus(run), gpus, GPU_NUMBERS, GPU_SUMS)
+        for name, (hosts, hours) in coarse.items():
+            r = Run.objects.get(name=name)
+            assert_same(stored_hosts(r), hosts, HOST_NUMBERS, HOST_SUMS)
+            assert_same(stored_hours(r), hours, GPU_NUMBERS, GPU_SUMS)
+
+    check()
     call_command("rebuild_rollups", verbosity=0)
-    assert_same(stored_steps(run), steps, STEP_NUMBERS, STEP_SUMS)
-    assert_same(stored_gpus(run), gpus, GPU_NUMBERS, GPU_SUMS)
+    check()
 
     edge = StepMetric.objects.get(run__name="run-2")
     print(json.dumps({
@@ -61,6 +77,7 @@ def main() -> None:
         "gpu_samples": GpuSample.objects.filter(run=run).count(),
         "hosts": sorted(set(GpuSample.objects.values_list("host", flat=True))),
         "step_minutes": len(steps), "gpu_minutes": len(gpus),
+        "gpu_hours": {name: sorted({k[2].hour for k in hours}) for name, (_, hours) in coarse.items()},
         "edge": [edge.ts.isoformat(), edge.duration_s, edge.tokens, edge.loss, edge.extra],
     }))
 

@@ -9,7 +9,8 @@ from collections import defaultdict
 
 import pytest
 
-from collectors.models import GpuMinute, GpuSample, Run, StepMetric, StepMinute
+from collectors.models import GpuHour, GpuMinute, GpuSample, HostMinute, Run, StepMetric, StepMinute
+from collectors.rollups import THROTTLING_MASK
 from trainer_plugin import protocol
 
 # 2026-12-03 10:00:00 UTC: minute boundaries fall on multiples of 60 from here.
@@ -49,14 +50,14 @@ def maybe(rng: random.Random, value, chance: float = 0.15):
     return None if rng.random() < chance else value
 
 
-def random_batches(rng: random.Random, run: str = "run-1") -> list[dict]:
+def random_batches(rng: random.Random, run: str = "run-1", t0: float = T0) -> list[dict]:
     """Four ranks on two hosts (one with a non-ASCII name), each sending eight batches of steps and
     GPU samples that straddle minute boundaries, with nulls sprinkled through every column."""
     batches = []
     for rank in range(4):
         host = ("node-ö1", "node2")[rank // 2]
         for part in range(8):
-            start = T0 + part * 37.3 + rank * 0.25
+            start = t0 + part * 37.3 + rank * 0.25
             steps = [(part * 50 + i, start + i * 0.71, maybe(rng, rng.uniform(0.5, 0.9)),
                       maybe(rng, 4096 + rank), maybe(rng, rng.uniform(1.0, 3.0)),
                       maybe(rng, rng.random())) for i in range(50)]
@@ -67,7 +68,7 @@ def random_batches(rng: random.Random, run: str = "run-1") -> list[dict]:
                          maybe(rng, rng.uniform(1000, 2000)),
                          maybe(rng, rng.choice([0, 0, 0, 1, 4, 64, 1 << 40])))
                         for i in range(80)]
-            batches.append(batch(rank=rank, host=host, steps=steps, gpus=gpus))
+            batches.append(batch(rank=rank, host=host, run=run, steps=steps, gpus=gpus))
     return batches
 
 
@@ -112,9 +113,65 @@ def gpu_aggregates(run: Run) -> dict:
                 agg[f"{prefix}_min"] = value if agg[f"{prefix}_min"] is None else min(
                     agg[f"{prefix}_min"], value)
         if row.throttle:
-            agg["throttled"] += 1
+            # Idle, app clocks and the like are set on healthy GPUs: not throttling.
+            agg["throttled"] += bool(row.throttle & THROTTLING_MASK)
             agg["throttle_bits"] |= row.throttle
     return dict(found)
+
+
+HOST_NUMBERS = ("gpus", "power_samples", "temp_n")
+HOST_SUMS = ("power_mean_sum", "power_min_sum", "power_max_sum", "temp_sum")
+
+
+def host_aggregates(run: Run) -> dict:
+    """HostMinute as it should be, from the raw rows: per (host, minute), the GPUs with a power
+    sample, their samples, Σ of each one's mean/min/max power, and temperature over all GPUs."""
+    per_gpu = gpu_aggregates(run)
+    found: dict = defaultdict(lambda: {"gpus": 0, "power_samples": 0, "power_mean_sum": 0.0,
+                                       "power_min_sum": 0.0, "power_max_sum": 0.0, "temp_n": 0,
+                                       "temp_sum": 0.0})
+    for (host, _, minute), agg in per_gpu.items():
+        totals = found[(host, minute)]
+        if agg["power_n"]:
+            totals["gpus"] += 1
+            totals["power_samples"] += agg["samples"]
+            totals["power_mean_sum"] += agg["power_sum"] / agg["power_n"]
+            totals["power_min_sum"] += agg["power_min"]
+            totals["power_max_sum"] += agg["power_max"]
+        totals["temp_n"] += agg["temp_n"]
+        totals["temp_sum"] += agg["temp_sum"]
+    return dict(found)
+
+
+def hour_aggregates(run: Run) -> dict:
+    """GpuHour as it should be: gpu_aggregates' per-minute sums merged per (host, gpu, hour)."""
+    found: dict = {}
+    for (host, gpu, minute), agg in gpu_aggregates(run).items():
+        key = (host, gpu, minute.replace(minute=0))
+        if key not in found:
+            found[key] = dict(agg)
+            continue
+        totals = found[key]
+        for name, value in agg.items():
+            if name == "throttle_bits":
+                totals[name] |= value
+            elif name.endswith(("_max", "_min")):
+                pick = max if name.endswith("_max") else min
+                totals[name] = value if totals[name] is None else (
+                    totals[name] if value is None else pick(totals[name], value))
+            else:
+                totals[name] += value
+    return found
+
+
+def stored_hosts(run: Run) -> dict:
+    return {(r.host, r.minute): {f: getattr(r, f) for f in HOST_NUMBERS + HOST_SUMS}
+            for r in HostMinute.objects.filter(run=run)}
+
+
+def stored_hours(run: Run) -> dict:
+    return {(r.host, r.gpu, r.hour): {f: getattr(r, f) for f in GPU_NUMBERS + GPU_SUMS}
+            for r in GpuHour.objects.filter(run=run)}
 
 
 def stored_steps(run: Run) -> dict:

@@ -16,20 +16,26 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from collectors import rollups
-from collectors.models import GpuMinute, GpuSample, Run, StepMetric, StepMinute
+from collectors.models import GpuHour, GpuMinute, GpuSample, HostMinute, Run, StepMetric, StepMinute
 from collectors.tasks import ingest_batch
 from tests.collectors.rollup_data import (
     GPU_NUMBERS,
     GPU_SUMS,
+    HOST_NUMBERS,
+    HOST_SUMS,
     STEP_NUMBERS,
     STEP_SUMS,
     T0,
     assert_same,
     batch,
     gpu_aggregates,
+    host_aggregates,
+    hour_aggregates,
     random_batches,
     step_aggregates,
     stored_gpus,
+    stored_hosts,
+    stored_hours,
     stored_steps,
 )
 
@@ -61,6 +67,48 @@ def test_rollups_equal_the_aggregates_of_the_raw_rows(ingested):
     assert any(agg["throttle_bits"] & (1 << 40) for agg in gpus.values())
 
 
+@pytest.fixture
+def across_the_hour(token):
+    """Two runs' random batches, shuffled together with redeliveries: one run starting 2.5 min
+    before 10:00 UTC so its batches straddle an hour as well as minutes."""
+    rng = random.Random(23)
+    batches = random_batches(rng) + random_batches(rng, run="run-h", t0=T0 - 150)
+    deliveries = batches + rng.sample(batches, len(batches) // 3)
+    rng.shuffle(deliveries)
+    assert sum(ingest_batch(copy.deepcopy(b), token=token)["stored"]
+               for b in deliveries) == len(batches)
+    return [Run.objects.get(name="run-1"), Run.objects.get(name="run-h")]
+
+
+def test_host_minutes_and_gpu_hours_equal_the_aggregates_of_the_raw_rows(across_the_hour):
+    for run in across_the_hour:
+        assert_same(stored_hosts(run), host_aggregates(run), HOST_NUMBERS, HOST_SUMS)
+        assert_same(stored_hours(run), hour_aggregates(run), GPU_NUMBERS, GPU_SUMS)
+    hours = stored_hours(across_the_hour[1])
+    # The data crosses 10:00 UTC on both hosts, with throttling.
+    assert {(host, hour.hour) for host, _, hour in hours} == {
+        (host, h) for host in ("node-ö1", "node2") for h in (9, 10)}
+    assert any(row["throttled"] for row in hours.values())
+    # Idle (0x1) samples are among them: counting them as throttled would break the equality.
+    assert any(row["throttle_bits"] & 1 for row in hours.values())
+    assert HostMinute.objects.filter(run=across_the_hour[1]).count() == len(
+        host_aggregates(across_the_hour[1]))
+
+
+def test_rebuild_reproduces_host_minutes_and_gpu_hours(across_the_hour):
+    expected = [(stored_hosts(run), stored_hours(run)) for run in across_the_hour]
+    HostMinute.objects.all().delete()
+    GpuHour.objects.update(samples=0, throttled=99)  # wrong on purpose: rebuild replaces
+
+    counts = rollups.rebuild()
+
+    for run, (hosts, hours) in zip(across_the_hour, expected, strict=True):
+        assert_same(stored_hosts(run), hosts, HOST_NUMBERS, HOST_SUMS)
+        assert_same(stored_hours(run), hours, GPU_NUMBERS, GPU_SUMS)
+    assert counts["host_minutes"] == sum(len(h) for h, _ in expected)
+    assert counts["gpu_hours"] == sum(len(h) for _, h in expected)
+
+
 def test_a_redelivered_batch_is_not_counted_twice(token):
     once = batch(rank=0, host="node0", steps=[(1, T0 + 1, 0.5, 10, 2.0, None)],
                  gpus=[(T0 + 1, 0, 50.0, 300.0, 90.0, 1500.0, 0)])
@@ -82,7 +130,8 @@ def test_batches_of_one_minute_merge_sums_counts_minima_and_maxima(token):
                  token=token)
 
     row = GpuMinute.objects.get()
-    assert (row.minute, row.samples, row.throttled, row.throttle_bits) == (minute, 3, 2, 10)
+    # 0x2 (application clocks) is normal operation; 0x8 (hardware slowdown) is throttling.
+    assert (row.minute, row.samples, row.throttled, row.throttle_bits) == (minute, 3, 1, 10)
     assert (row.temp_n, row.temp_sum, row.temp_max) == (2, 120.0, 70.0)
     assert (row.power_n, row.power_sum, row.power_min, row.power_max) == (2, 500.0, 200.0, 300.0)
     assert (row.util_n, row.util_sum, row.clock_n, row.clock_min) == (2, 140.0, 2, 1400.0)
@@ -123,7 +172,9 @@ def test_rebuild_reproduces_what_ingest_maintained(ingested, token):
 
     counts = rollups.rebuild()
 
-    assert counts == {"step_minutes": len(steps) + 1, "gpu_minutes": len(gpus)}
+    assert counts == {"step_minutes": len(steps) + 1, "gpu_minutes": len(gpus),
+                      "host_minutes": len(host_aggregates(ingested)),
+                      "gpu_hours": len(hour_aggregates(ingested))}
     assert_same(stored_steps(ingested), steps, STEP_NUMBERS, STEP_SUMS)
     assert_same(stored_gpus(ingested), gpus, GPU_NUMBERS, GPU_SUMS)
     assert stored_steps(other) == other_steps
@@ -172,7 +223,8 @@ def test_embedded_mode_keeps_and_rebuilds_the_same_rollups(tmp_path):
     assert child.returncode == 0, child.stderr[-4000:]
     seen = json.loads(child.stdout.strip().splitlines()[-1])
 
-    assert seen["stored"] == seen["batches"] == 32
+    assert seen["stored"] == seen["batches"] == 64
+    assert seen["gpu_hours"] == {"run-1": [10], "run-h": [9, 10]}
     assert (seen["steps"], seen["gpu_samples"]) == (4 * 8 * 50, 2 * 8 * 80)
     assert seen["hosts"] == ["node-ö1", "node2"]
     assert seen["step_minutes"] > 0 and seen["gpu_minutes"] > 0

@@ -17,7 +17,8 @@ from collectors.models import Run
 
 
 class Command(BaseCommand):
-    help = "Recomputes the per-minute step and GPU rollups of one run (or all) from the raw rows."
+    help = ("Recomputes the step and GPU rollups (per minute; per host-minute and GPU-hour) of one "
+            "run (or all) from the raw rows.")
 
     def add_arguments(self, parser):
         parser.add_argument("--run", type=int, metavar="ID",
@@ -30,6 +31,7 @@ class Command(BaseCommand):
         counts = rollups.rebuild(run)
         self.stdout.write(
             f"rebuilt {'run ' + str(run) if run is not None else 'every run'}: "
-            f"{counts['step_minutes']:,} step minutes, {counts['gpu_minutes']:,} GPU minutes "
+            f"{counts['step_minutes']:,} step minutes, {counts['gpu_minutes']:,} GPU minutes, "
+            f"{counts['host_minutes']:,} host minutes, {counts['gpu_hours']:,} GPU hours "
             f"in {time.perf_counter() - started:.1f} s"
         )
