@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from django.db import connection, transaction
-from django.db.models import Count, F, FloatField, Max, Min, Sum
-from django.db.models.functions import Cast
+from django.db.models import Max, Min, Sum
 
 from collectors.analysis import gpu_health, power
 from collectors.analysis.power import Happening
@@ -24,8 +23,10 @@ from collectors.models import (
     Attempt,
     Checkpoint,
     Event,
+    GpuHour,
     GpuMinute,
     GpuSample,
+    HostMinute,
     Interruption,
     Run,
     StepMetric,
@@ -64,7 +65,7 @@ def raw_power(run: Run, start: float, end: float) -> RawPower:
 # time through the driver costs seconds for a few hundred thousand rows. A (host, gpu) pair
 # becomes hashtext(host) * 65536 + gpu: numbering hosts with a window function or a join costs
 # several times the scan itself; two hosts with one hash (odds ~ hosts² / 2^33) are detected on
-# the window's GpuMinute rows and read the slow, exact way instead.
+# the window's HostMinute rows and read the slow, exact way instead.
 _RAW_SQL = """
 SELECT string_agg(float8send(extract(epoch FROM ts)::float8), ''::bytea),
        string_agg(int8send(hashtext(host)::int8 * 65536 + gpu), ''::bytea),
@@ -81,7 +82,7 @@ WHERE run_id = %(run)s AND minute >= date_trunc('minute', %(start)s::timestamptz
 def _raw_power_packed(run: Run, start: float, end: float) -> RawPower | None:
     params = {"run": run.pk, "start": from_epoch(start), "end": from_epoch(end)}
     with connection.cursor() as cursor:
-        cursor.execute(_HASHES_SQL.format(table=GpuMinute._meta.db_table), params)
+        cursor.execute(_HASHES_SQL.format(table=HostMinute._meta.db_table), params)
         hosts, hashes = cursor.fetchone()
         if hosts != hashes:
             return None
@@ -100,30 +101,32 @@ class MinuteRows:
     samples: np.ndarray  # raw samples per minute (all GPUs)
 
 
+# HostMinute already sums each host's GPUs (Σ of each GPU's mean, min, max power; GPUs with a
+# power sample and their samples): a row per host, not per GPU, per minute.
 _MINUTES_SQL = """
-SELECT extract(epoch FROM minute)::float8, sum(power_sum / power_n), sum(power_max),
-       sum(power_min), count(*), sum(samples)
+SELECT extract(epoch FROM minute)::float8, sum(power_mean_sum), sum(power_max_sum),
+       sum(power_min_sum), sum(gpus), sum(power_samples)
 FROM {table}
-WHERE run_id = %(run)s AND power_n > 0
+WHERE run_id = %(run)s AND gpus > 0
 GROUP BY minute ORDER BY minute
 """
 
 
 def minute_power(run: Run) -> MinuteRows:
-    """The run's cluster power per minute from GpuMinute (mean, upper and lower bound, GPUs)."""
+    """The run's cluster power per minute from HostMinute (mean, upper and lower bound, GPUs)."""
     if connection.vendor == "postgresql":
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(_WORK_MEM)
-            cursor.execute(_MINUTES_SQL.format(table=GpuMinute._meta.db_table), {"run": run.pk})
+            cursor.execute(_MINUTES_SQL.format(table=HostMinute._meta.db_table), {"run": run.pk})
             rows = cursor.fetchall()
     else:
         rows = [(m.timestamp(), *rest) for m, *rest in
-                GpuMinute.objects.filter(run=run, power_n__gt=0).values("minute")
-                .annotate(mean=Sum(F("power_sum") / Cast("power_n", FloatField())),
-                          upper=Sum("power_max"), lower=Sum("power_min"), gpus=Count("id"),
-                          samples=Sum("samples"))
+                HostMinute.objects.filter(run=run, gpus__gt=0).values("minute")
+                .annotate(mean=Sum("power_mean_sum"), upper=Sum("power_max_sum"),
+                          lower=Sum("power_min_sum"), gpus_=Sum("gpus"),
+                          samples=Sum("power_samples"))
                 .order_by("minute")
-                .values_list("minute", "mean", "upper", "lower", "gpus", "samples")]
+                .values_list("minute", "mean", "upper", "lower", "gpus_", "samples")]
     if not rows:
         return MinuteRows(power.minute_power([], [], [], [], []), np.empty(0, dtype=np.int64))
     minute, mean, upper, lower, gpus, samples = (np.array(column, dtype=np.float64)
@@ -212,19 +215,31 @@ _WORK_MEM = "SET LOCAL work_mem = '64MB'"
 
 
 def gpu_span(run: Run) -> tuple[float, float] | None:
-    found = GpuMinute.objects.filter(run=run).aggregate(first=Min("minute"), last=Max("minute"))
+    # HostMinute has a row wherever GpuMinute has one, an eighth as many.
+    found = HostMinute.objects.filter(run=run).aggregate(first=Min("minute"), last=Max("minute"))
     if found["first"] is None:
         return None
     return found["first"].timestamp(), found["last"].timestamp() + 60.0
 
 
+def _hourly(bucket_s: int) -> bool:
+    """Whether buckets of ``bucket_s`` are whole hours (date_bin from the epoch: each one is a
+    union of UTC hours), so GpuHour, a sixtieth of GpuMinute's rows, answers them exactly."""
+    return bucket_s >= 3600 and bucket_s % 3600 == 0
+
+
 def gpu_cells(run: Run, bucket_s: int) -> list[gpu_health.GpuCell]:
-    """GpuMinute re-aggregated per (host, gpu, bucket of ``bucket_s`` seconds); ``throttled``
-    counts only minutes whose bits include a throttling reason (analysis.gpu_health)."""
+    """GpuMinute (or GpuHour, for buckets of whole hours) re-aggregated per (host, gpu, bucket of
+    ``bucket_s`` seconds); ``throttled`` counts only minutes whose bits include a throttling
+    reason (analysis.gpu_health)."""
     if connection.vendor == "postgresql":
+        if _hourly(bucket_s):
+            sql = _CELLS_SQL.replace("minute", "hour").format(table=GpuHour._meta.db_table)
+        else:
+            sql = _CELLS_SQL.format(table=GpuMinute._meta.db_table)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(_WORK_MEM)
-            cursor.execute(_CELLS_SQL.format(table=GpuMinute._meta.db_table),
+            cursor.execute(sql,
                            {"run": run.pk, "bucket": bucket_s, "mask": gpu_health.THROTTLING_MASK})
             rows = cursor.fetchall()
         return [gpu_health.GpuCell(host=host, gpu=gpu, bucket=float(bucket), samples=int(samples),
@@ -239,8 +254,11 @@ def gpu_cells(run: Run, bucket_s: int) -> list[gpu_health.GpuCell]:
 
 def _gpu_cells_portable(run: Run, bucket_s: int) -> list[gpu_health.GpuCell]:
     totals: dict[tuple, dict] = {}
-    for m in GpuMinute.objects.filter(run=run).iterator():
-        bucket = (m.minute.timestamp() // bucket_s) * bucket_s
+    rows = (GpuHour.objects.filter(run=run) if _hourly(bucket_s)
+            else GpuMinute.objects.filter(run=run))
+    for m in rows.iterator():
+        start = m.hour if isinstance(m, GpuHour) else m.minute
+        bucket = (start.timestamp() // bucket_s) * bucket_s
         t = totals.setdefault((m.host, m.gpu, bucket), {
             "samples": 0, "temp_n": 0, "temp_sum": 0.0, "temp_max": None, "power_n": 0,
             "power_sum": 0.0, "power_max": None, "throttled": 0, "bits": 0})

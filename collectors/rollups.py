@@ -6,6 +6,15 @@ leaves neither. The batch is aggregated by minute in numpy and merged with one u
 (sums and counts add up, minima and maxima compare; on PostgreSQL both in one statement), so
 batches can arrive in any order and from any number of workers. ``rebuild`` recomputes the same rows from
 the raw tables, for data loaded without ingest (a COPY, an old database).
+
+Two coarser rollups are derived from GpuMinute for the whole-run cluster pages (a 512-GPU run has
+512 GpuMinute rows a minute): HostMinute (a host's GPUs summed per minute) and GpuHour (a GPU's
+minutes merged per hour). After its GpuMinute upsert a batch recomputes, from GpuMinute, the
+HostMinute rows of its host's minutes and the GpuHour rows of its (GPU, hour)s: replaced, not
+merged, so they are exact however batches split minutes and hours. A batch carries one host's
+samples, so two workers storing different hosts never write the same row; two batches of the
+same host's GPUs stored at once in separate transactions could each miss the other's minute
+(the sampler sends a host's GPUs together, from one rank), and ``rebuild`` repairs that.
 """
 
 from __future__ import annotations

@@ -280,11 +280,13 @@ def read_step_minutes(run, minutes=None) -> list[StepMinuteTotals]:
 
 
 def read_gpu_minutes(run, minutes=None) -> list[GpuMinuteTotals]:
+    """GPU temperature sums per minute from HostMinute: each host's GPUs already summed, so a
+    row per host (not per GPU) a minute."""
     from django.db.models import Sum
 
-    from collectors.models import GpuMinute
+    from collectors.models import HostMinute
 
-    queryset = GpuMinute.objects.filter(run=run, temp_n__gt=0)
+    queryset = HostMinute.objects.filter(run=run, temp_n__gt=0)
     if minutes is not None:
         queryset = queryset.filter(minute__in=minutes)
     rows = (queryset.values("minute")
@@ -298,13 +300,14 @@ def read_gpu_minutes(run, minutes=None) -> list[GpuMinuteTotals]:
 def read_time_of_day(run) -> TimeOfDay:
     """The run's time-of-day analysis, from its rollups."""
     from collectors import minute_sample
-    from collectors.models import GpuMinute, StepMinute
+    from collectors.models import HostMinute, StepMinute
 
     step_sample, step_every = minute_sample.sampled_minutes(StepMinute.objects.filter(run=run))
     steps = read_step_minutes(run, step_sample)
-    # Temperature only matters in productive minutes: sample among those.
+    # Temperature only matters in productive minutes: sample among those, by HostMinute rows (a
+    # host's, not a GPU's, per minute: a 64-host run reads every productive minute of days).
     productive = [datetime.fromtimestamp(m.minute, tz=UTC) for m in steps if m.steps > 0]
-    gpu_minutes, gpu_every = minute_sample.thin(GpuMinute.objects.filter(run=run), productive)
+    gpu_minutes, gpu_every = minute_sample.thin(HostMinute.objects.filter(run=run), productive)
     result = time_of_day(steps, read_gpu_minutes(run, gpu_minutes if gpu_every > 1 else None),
                          run.timezone)
     result.minutes_every, result.gpu_minutes_every = step_every, gpu_every

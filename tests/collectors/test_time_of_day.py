@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from collectors import rollups
 from collectors.analysis.time_of_day import (
     GpuMinuteTotals,
     StepMinuteTotals,
@@ -162,6 +163,7 @@ def test_query_layer_reads_the_rollups_and_matches_the_pure_analysis(project):
                                   temp_n=6, temp_sum=6 * (70.0 + local_hour / 10)))
     StepMinute.objects.bulk_create(steps)
     GpuMinute.objects.bulk_create(gpus)
+    rollups.derive_coarse(run.pk)  # HostMinute, as ingest would have kept it
     result = read_time_of_day(run)
     assert result.timezone == "Asia/Kolkata" and result.minutes == 1440
     # The 14:00 hour in Kolkata is 08:30–09:29 UTC: 60 whole minutes, all 1% slower.
@@ -212,13 +214,15 @@ def test_a_run_over_the_row_budget_is_read_every_kth_minute_and_says_so(project,
                                   temp_n=6, temp_sum=6 * (70.0 if 12 <= minute.hour < 18 else 60)))
     StepMinute.objects.bulk_create(steps)
     GpuMinute.objects.bulk_create(gpus)
+    rollups.derive_coarse(run.pk)  # HostMinute, as ingest would have kept it
     exact = read_time_of_day(run)
     assert (exact.minutes_every, exact.gpu_minutes_every) == (1, 1)
 
     monkeypatch.setattr(minute_sample, "ROW_BUDGET", 1000)
     sampled = read_time_of_day(run)
-    # 5,760 step rows for 1,000: every 6th minute; then 480 productive minutes × 4 GPUs: every 2nd.
-    assert (sampled.minutes_every, sampled.gpu_minutes_every) == (6, 2)
+    # 5,760 step rows for 1,000: every 6th minute; then 480 productive minutes × 1 host row
+    # (HostMinute sums the host's 4 GPUs): all of them.
+    assert (sampled.minutes_every, sampled.gpu_minutes_every) == (6, 1)
     assert sampled.minutes == 480
     assert sampled.amplitude_pp == pytest.approx(exact.amplitude_pp)
     assert sampled.hourly_temp_c == exact.hourly_temp_c

@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from collectors import rollups
 from collectors.analysis.stragglers import read_stragglers
 from collectors.analysis.time_of_day import read_time_of_day
 from collectors.models import GpuMinute, IngestedBatch, Run, StepMinute
@@ -38,6 +39,7 @@ def cluster_run(project, *, ranks: int = 8, days: int = 2) -> Run:
                                   temp_sum=6 * (70.0 if hot else 62.0)))
     StepMinute.objects.bulk_create(steps, batch_size=10_000)
     GpuMinute.objects.bulk_create(gpus, batch_size=10_000)
+    rollups.derive_coarse(run.pk)  # HostMinute, as ingest would have kept it
     IngestedBatch.objects.bulk_create(
         IngestedBatch(batch_id=uuid.uuid4(), run=run, rank=rank, host=f"node{rank // 8:03d}",
                       local_rank=rank % 8) for rank in range(ranks))
