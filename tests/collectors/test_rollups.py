@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from collectors import rollups
+from collectors import cluster_reads, rollups
 from collectors.models import GpuHour, GpuMinute, GpuSample, HostMinute, Run, StepMetric, StepMinute
 from collectors.tasks import ingest_batch
 from tests.collectors.rollup_data import (
@@ -107,6 +107,51 @@ def test_rebuild_reproduces_host_minutes_and_gpu_hours(across_the_hour):
         assert_same(stored_hours(run), hours, GPU_NUMBERS, GPU_SUMS)
     assert counts["host_minutes"] == sum(len(h) for h, _ in expected)
     assert counts["gpu_hours"] == sum(len(h) for _, h in expected)
+
+
+def test_cluster_reads_from_host_minutes_and_gpu_hours_equal_the_raw_aggregates(across_the_hour):
+    run = across_the_hour[1]
+    per_gpu = gpu_aggregates(run)
+    # Power per minute: Σ over the GPUs with a power sample of their mean, min and max; their count.
+    expected: dict[float, list] = {}
+    for (_, _, minute), agg in per_gpu.items():
+        if agg["power_n"]:
+            e = expected.setdefault(minute.timestamp(), [0.0, 0.0, 0.0, 0, 0])
+            e[0] += agg["power_sum"] / agg["power_n"]
+            e[1] += agg["power_max"]
+            e[2] += agg["power_min"]
+            e[3] += 1
+            e[4] += agg["samples"]
+    rows = cluster_reads.minute_power(run)
+    minutes = sorted(expected)
+    i = [round((m - rows.minutes.series.start) / 60) for m in minutes]
+    assert rows.minutes.series.start == minutes[0] and len(rows.samples) == len(minutes)
+    assert rows.minutes.series.gpus[i].tolist() == [expected[m][3] for m in minutes]
+    assert rows.samples[i].tolist() == [expected[m][4] for m in minutes]
+    assert rows.minutes.upper[i] * 1000 == pytest.approx([expected[m][1] for m in minutes])
+    assert rows.minutes.lower[i] * 1000 == pytest.approx([expected[m][2] for m in minutes])
+
+    # GPU health's hourly cells (a whole-hour bucket reads GpuHour) against the raw samples.
+    hours = hour_aggregates(run)
+    cells = {(c.host, c.gpu, datetime.fromtimestamp(c.bucket, tz=UTC)): c
+             for c in cluster_reads.gpu_cells(run, 3600)}
+    assert cells.keys() == hours.keys()
+    for key, agg in hours.items():
+        c = cells[key]
+        assert (c.samples, c.temp_n, c.temp_max, c.power_n, c.power_max, c.throttled,
+                c.throttle_bits) == (agg["samples"], agg["temp_n"], agg["temp_max"],
+                                     agg["power_n"], agg["power_max"], agg["throttled"],
+                                     agg["throttle_bits"]), key
+        assert (c.temp_sum, c.power_sum) == pytest.approx((agg["temp_sum"], agg["power_sum"]))
+    # Days and multi-hour buckets are unions of hours, binned from the epoch.
+    day = {(c.host, c.gpu, c.bucket): (c.samples, c.throttled)
+           for c in cluster_reads.gpu_cells(run, 86_400)}
+    expected_day: dict = {}
+    for (host, gpu, hour), agg in hours.items():
+        key = (host, gpu, hour.timestamp() // 86_400 * 86_400)
+        samples, throttled = expected_day.get(key, (0, 0))
+        expected_day[key] = (samples + agg["samples"], throttled + agg["throttled"])
+    assert day == expected_day and len(day) == len(hours) // 2
 
 
 def test_a_redelivered_batch_is_not_counted_twice(token):
