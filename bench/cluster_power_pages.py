@@ -99,7 +99,8 @@ def main() -> int:
 
     run = simulated_run(args)
     with connection.cursor() as cursor:
-        for table in ("collectors_gpuminute", "collectors_gpusample", "collectors_stepmetric"):
+        for table in ("collectors_gpuminute", "collectors_hostminute", "collectors_gpuhour",
+                      "collectors_gpusample", "collectors_stepmetric"):
             cursor.execute(f"VACUUM ANALYZE {table}")
     samples = GpuSample.objects.filter(run=run).count()
     gpu_minutes = GpuMinute.objects.filter(run=run).count()

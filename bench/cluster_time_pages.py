@@ -150,6 +150,7 @@ def main() -> int:
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE collectors_stepminute")
         cursor.execute("VACUUM ANALYZE collectors_gpuminute")
+        cursor.execute("VACUUM ANALYZE collectors_hostminute")
         cursor.execute("VACUUM ANALYZE collectors_ingestedbatch")
     step_minutes = StepMinute.objects.filter(run=run).count()
     gpu_minutes = GpuMinute.objects.filter(run=run).count()
