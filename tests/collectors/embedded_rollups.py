@@ -70,6 +70,21 @@ def main() -> None:
     call_command("rebuild_rollups", verbosity=0)
     check()
 
+    # The pages' portable reads (the ORM over HostMinute and GpuHour) agree with the raw rows.
+    from collectors import cluster_reads
+
+    crossing = Run.objects.get(name="run-h")
+    hosts, hours = coarse["run-h"]
+    per_minute: dict = {}
+    for (_, minute), agg in hosts.items():
+        per_minute[minute.timestamp()] = per_minute.get(minute.timestamp(), 0) + agg["gpus"]
+    power = cluster_reads.minute_power(crossing).minutes.series
+    assert {power.start + 60 * i: int(n) for i, n in enumerate(power.gpus) if n} == per_minute
+    cells = {(c.host, c.gpu, c.bucket): (c.samples, c.throttled, c.throttle_bits)
+             for c in cluster_reads.gpu_cells(crossing, 3600)}
+    assert cells == {(h, g, hour.timestamp()): (a["samples"], a["throttled"], a["throttle_bits"])
+                     for (h, g, hour), a in hours.items()}
+
     edge = StepMetric.objects.get(run__name="run-2")
     print(json.dumps({
         "stored": stored, "batches": len(batches),
