@@ -250,7 +250,7 @@ class GpuMinute(models.Model):
     clock_n = models.PositiveIntegerField(default=0)
     clock_sum = models.FloatField(default=0.0)
     clock_min = models.FloatField(null=True)
-    throttled = models.PositiveIntegerField(default=0)  # samples with any throttle reason bit set
+    throttled = models.PositiveIntegerField(default=0)  # samples with a throttling reason bit set
     throttle_bits = models.BigIntegerField(default=0)  # OR of the reason bits seen
 
     class Meta:

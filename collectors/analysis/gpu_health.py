@@ -15,10 +15,10 @@ host, as NVML numbers it).
   applications-clocks setting (0x2), sync boost (0x10) and the display clock (0x100) are normal
   operation, not throttling; the power cap (0x4), hardware slowdown (0x8), software/hardware
   thermal slowdown (0x20/0x40) and the power brake (0x80) cost throughput. The rollup counts the
-  samples of a minute with *any* bit set and ORs the bits, so a GPU's throttled fraction is the
-  samples counted in minutes whose bits include a throttling reason, over all its samples: exact
-  when a minute's samples are all throttled or all idle, an upper bound when idle and throttled
-  samples share a minute (rare: idle means no load, throttling needs one).
+  samples of a minute with a throttling reason bit (``THROTTLING_MASK``) and ORs all the bits, so
+  a GPU's throttled fraction is exact. Rows ingested before migration 0008 counted samples with
+  *any* bit; reading only minutes whose bits include a throttling reason keeps those an upper
+  bound (exact after ``rebuild_rollups``).
 - **XID/ECC history**: the run's ``xid`` and ``ecc`` events per GPU (the payload's ``gpu`` index on
   the event's host), newest first, with counts per GPU; an event without a GPU index is kept under
   the host alone.
@@ -80,7 +80,7 @@ class GpuCell:
     power_n: int
     power_sum: float
     power_max: float | None
-    throttled: int = 0  # samples with any reason bit, counted in minutes with a throttling reason
+    throttled: int = 0  # samples with a throttling reason bit
     throttle_bits: int = 0
 
 
