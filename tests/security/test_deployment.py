@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def _check_deploy(**overrides: str) -> subprocess.CompletedProcess:
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("SECURE_", "SESSION_", "CSRF_", "RUNWATCH_HTTPS", "DEBUG",
-                                  "SECRET_KEY", "ALLOWED_HOSTS"))}
+                                  "SECRET_KEY", "ALLOWED_HOSTS"))
+           # The browser tests set this for Playwright in the test process; a deployment never has it.
+           and key != "DJANGO_ALLOW_ASYNC_UNSAFE"}
     env.update(overrides)
     return subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
