@@ -8,6 +8,9 @@ import os
 
 import pytest
 from django.conf import settings
+from django.db import connection
+
+from tests.e2e import conftest as e2e
 
 
 def pytest_configure(config):
@@ -60,3 +63,37 @@ class IngestQueue:
             body = json.loads(base64.b64decode(envelope["body"]))
             found.append({"task": envelope["headers"]["task"], "args": body[0], "kwargs": body[1]})
         return found
+
+
+# The end-to-end Celery worker lives here, at the root, so the whole session has exactly one: a
+# suite that imported the fixture into its own conftest got a second worker consuming the same
+# queues, and tests that watch one worker's log missed the messages the other one took.
+
+
+@pytest.fixture(scope="session")
+def worker_env(django_db_setup, broker_url_session) -> dict[str, str]:
+    """Environment that points a child process at the test database and the test broker."""
+    settings = connection.settings_dict
+    url = (f"postgres://{settings['USER'] or 'postgres'}@{settings['HOST'] or '127.0.0.1'}:"
+           f"{settings['PORT'] or 5432}/{settings['NAME']}")
+    env = dict(os.environ)
+    env.update(DATABASE_URL=url, CELERY_BROKER_URL=broker_url_session, PYTHONUNBUFFERED="1")
+    env.pop("CELERY_TASK_ALWAYS_EAGER", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def broker_url_session() -> str:
+    return os.environ["CELERY_BROKER_URL"]
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(worker_env, tmp_path_factory, broker_url_session):
+    import redis
+
+    redis.Redis.from_url(broker_url_session).delete("ingest", "runwatch")
+    worker = e2e.WorkerProcess(worker_env, tmp_path_factory.mktemp("worker") / "worker.log")
+    worker.start()
+    yield worker
+    # Stopped before django_db_setup's teardown drops the database it holds connections to.
+    worker.stop()

@@ -8,9 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-from django.db import connection
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -55,32 +52,3 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]
-
-
-@pytest.fixture(scope="session")
-def worker_env(django_db_setup, broker_url_session) -> dict[str, str]:
-    """Environment that points a child process at the test database and the test broker."""
-    settings = connection.settings_dict
-    url = (f"postgres://{settings['USER'] or 'postgres'}@{settings['HOST'] or '127.0.0.1'}:"
-           f"{settings['PORT'] or 5432}/{settings['NAME']}")
-    env = dict(os.environ)
-    env.update(DATABASE_URL=url, CELERY_BROKER_URL=broker_url_session, PYTHONUNBUFFERED="1")
-    env.pop("CELERY_TASK_ALWAYS_EAGER", None)
-    return env
-
-
-@pytest.fixture(scope="session")
-def broker_url_session() -> str:
-    return os.environ["CELERY_BROKER_URL"]
-
-
-@pytest.fixture(scope="session")
-def celery_worker_process(worker_env, tmp_path_factory, broker_url_session):
-    import redis
-
-    redis.Redis.from_url(broker_url_session).delete("ingest", "runwatch")
-    worker = WorkerProcess(worker_env, tmp_path_factory.mktemp("worker") / "worker.log")
-    worker.start()
-    yield worker
-    # Stopped before django_db_setup's teardown drops the database it holds connections to.
-    worker.stop()

@@ -88,7 +88,9 @@ def test_same_batch_delivered_three_times_over_http_is_stored_once(live_server, 
 def test_same_batch_delivered_three_times_through_the_broker_is_stored_once(celery_worker_process,
                                                                             broker_url, token):
     batch = step_batch(run="broker-dupes", count=30)
-    app = Celery(broker=broker_url)
+    # Not the current app: shared tasks in later tests must keep resolving to the project's app
+    # (its queues and routes), or their batches go to a queue no worker reads.
+    app = Celery(broker=broker_url, set_as_current=False)
     for _ in range(3):
         app.send_task("collectors.ingest_batch", args=[copy.deepcopy(batch)], kwargs={"token": token},
                       queue="ingest")
@@ -104,8 +106,8 @@ def test_broker_batch_with_a_foreign_token_is_dead_lettered_not_written(celery_w
     outsider = IngestToken.issue(Project.objects.create(slug="vision"))[1]
     batch = step_batch(project="llm", run="trespass", count=5)
 
-    Celery(broker=broker_url).send_task("collectors.ingest_batch", args=[batch],
-                                        kwargs={"token": outsider}, queue="ingest")
+    Celery(broker=broker_url, set_as_current=False).send_task(
+        "collectors.ingest_batch", args=[batch], kwargs={"token": outsider}, queue="ingest")
 
     rejected = wait_for(lambda: RejectedBatch.objects.filter(batch_id=batch["batch_id"]).first(),
                         what="the rejection to be recorded")

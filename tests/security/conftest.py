@@ -1,5 +1,5 @@
 """Fixtures of the security and bad-input tests: the collectors' project and tokens, the dashboard's
-personas, and the end-to-end Celery worker, shared from their own suites."""
+personas, shared from their own suites (the end-to-end Celery worker comes from tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,4 @@ from tests.dashboard.conftest import (  # noqa: F401
     projects,
     users,
     vision_run,
-)
-from tests.e2e.conftest import (  # noqa: F401
-    broker_url_session,
-    celery_worker_process,
-    worker_env,
 )
