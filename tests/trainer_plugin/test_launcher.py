@@ -151,7 +151,9 @@ def test_signals_to_the_launcher_reach_the_whole_process_group(collector, tmp_pa
     child.write_text(textwrap.dedent("""
         import signal, subprocess, sys, time
         def stop(signum, frame):
-            print("job got", signal.Signals(signum).name, flush=True)
+            # One write per line: both processes share the pipe, and print() may split a line
+            # into several writes (unbuffered stdout) that interleave with the other's.
+            sys.stdout.write("job got " + signal.Signals(signum).name + chr(10)); sys.stdout.flush()
             worker.wait(timeout=60)
             sys.exit(7)
         for s in (signal.SIGTERM, signal.SIGUSR1):
@@ -159,7 +161,7 @@ def test_signals_to_the_launcher_reach_the_whole_process_group(collector, tmp_pa
         worker = subprocess.Popen([sys.executable, "-c", '''
         import signal, sys, time
         def stop(signum, frame):
-            print("worker got", signal.Signals(signum).name, flush=True)
+            sys.stdout.write("worker got " + signal.Signals(signum).name + chr(10)); sys.stdout.flush()
             sys.exit(0)
         for s in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(s, stop)
