@@ -123,11 +123,15 @@ def _step_charts(steps_by_rank: dict[int, queries.RankSteps]) -> dict[str, Any]:
 def _minute_charts(minutes: dict[int, queries.RankMinutes]) -> dict[str, Any]:
     unit = (throughput.TOKENS_PER_S if any(m.tokens.sum() > 0 for m in minutes.values())
             else throughput.STEPS_PER_S)
-    # Every rollup row counts at least one step, so its last step is never null.
-    step = {rank: m.last_step.astype(np.int64) for rank, m in minutes.items()}
+    # Ingest and rebuild always set a minute's last step, but rows written any other way may leave
+    # it null (NaN here): such a minute has no place on a step axis (cast, it would sit at step
+    # -9.2e18), so loss and duration leave it off; throughput, against time, keeps it.
+    placed = {rank: ~np.isnan(m.last_step) for rank, m in minutes.items()}
+    step = {rank: m.last_step[placed[rank]].astype(np.int64) for rank, m in minutes.items()}
     with np.errstate(invalid="ignore", divide="ignore"):
-        loss = {rank: (step[rank], m.loss_sum / m.loss_n) for rank, m in minutes.items()}
-    duration = {rank: (step[rank], m.duration_max) for rank, m in minutes.items()}
+        loss = {rank: (step[rank], (m.loss_sum / m.loss_n)[placed[rank]])
+                for rank, m in minutes.items()}
+    duration = {rank: (step[rank], m.duration_max[placed[rank]]) for rank, m in minutes.items()}
     rate = {
         rank: (m.minute, throughput.minute_rates(m.tokens, m.duration_sum, m.duration_n, unit))
         for rank, m in minutes.items()
