@@ -9,6 +9,7 @@ from html import unescape
 from zoneinfo import ZoneInfo
 
 import pytest
+from django.urls import reverse
 
 from collectors import rollups
 from collectors.analysis.stragglers import read_stragglers
@@ -32,8 +33,12 @@ def cluster_run(project, *, ranks: int = 8, days: int = 2) -> Run:
         hot = 13 <= minute.astimezone(CHICAGO).hour < 18
         for rank in range(ranks):
             step_s = 6.0 * (1.015 if hot else 1.0) * (1.12 if rank == 5 else 1.0)
-            steps.append(StepMinute(run=run, rank=rank, minute=minute, steps=10, duration_n=10,
-                                    duration_sum=10 * step_s, tokens=10 * 4096))
+            # As ingest writes them: the minute's last step and slowest step too (the run page
+            # charts against them; a null last step is a minute with no place on that axis).
+            steps.append(StepMinute(run=run, rank=rank, minute=minute, steps=10,
+                                    last_step=10 * (i + 1), duration_n=10,
+                                    duration_sum=10 * step_s, duration_max=step_s,
+                                    tokens=10 * 4096))
             gpus.append(GpuMinute(run=run, host=f"node{rank // 8:03d}", gpu=rank % 8,
                                   minute=minute, samples=6, temp_n=6,
                                   temp_sum=6 * (70.0 if hot else 62.0)))
@@ -52,8 +57,6 @@ def run(projects) -> Run:
 
 
 def url(name: str, run: Run) -> str:
-    from django.urls import reverse
-
     return reverse(name, args=[run.pk])
 
 
@@ -120,6 +123,17 @@ def test_stragglers_json_has_one_bar_per_rank_and_a_binned_distribution(clients,
     assert bars["marker"]["color"][5] != bars["marker"]["color"][4]
     histogram = data["figures"]["distribution"]["data"][0]
     assert sum(histogram["y"]) == 8 and len(histogram["x"]) == 40
+
+
+def test_the_cluster_runs_own_page_charts_step_duration_against_its_steps(clients, run):
+    # The run page the Time of day tab is reached from: its 230k steps are drawn from the rollups.
+    series = clients["member"].get(reverse("run_series", args=[run.pk])).json()
+    assert series["resolution"] == "minute"
+    for trace in series["charts"]["duration"]["data"]:
+        assert trace["x"][0] == 10 and trace["x"][-1] == 2 * 1440 * 10
+        assert trace["x"] == sorted(trace["x"])
+    slow = series["charts"]["duration"]["data"][5]["y"]
+    assert max(slow) == pytest.approx(6.0 * 1.015 * 1.12)
 
 
 def test_a_run_without_rollups_reads_as_empty_not_an_error(clients, projects):
