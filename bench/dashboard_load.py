@@ -45,11 +45,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
+from _pages import (
+    ROOT,
+    create_database,
+    drop_database,
+    log,
+    member_client,
+    open_database,
+    vacuum_analyze,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 P95_LIMIT_MS = 500.0
 POINTS_LIMIT = 5000
 # Bump when the generated shape changes, so --reuse reloads instead of measuring stale data.
@@ -74,54 +81,6 @@ class Shape:
 
 
 QUICK = Shape(hosts=16, days=1.5, step_ranks=32, step_time_s=12.0, interruptions=3)
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-# --- database ---------------------------------------------------------------------------------
-
-def database_url(name: str) -> str:
-    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-    parts = urlsplit(base)
-    if not parts.scheme.startswith("postgres"):
-        parts = urlsplit("postgres://postgres@127.0.0.1:5432/postgres")
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
-
-
-def admin_connect(url: str):
-    import psycopg
-
-    return psycopg.connect(urlunsplit(urlsplit(url)._replace(path="/postgres")), autocommit=True)
-
-
-def create_database(url: str, *, drop: bool) -> bool:
-    """Creates the bench database; returns False when it already existed (and was kept)."""
-    name = urlsplit(url).path.lstrip("/")
-    with admin_connect(url) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
-        if exists and not drop:
-            return False
-        if exists:
-            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return True
-
-
-def drop_database(url: str) -> None:
-    with admin_connect(url) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{urlsplit(url).path.lstrip("/")}" WITH (FORCE)')
-
-
-def setup_django(url: str) -> None:
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
-    os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "true")
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
 
 
 # --- generated run ----------------------------------------------------------------------------
@@ -421,15 +380,6 @@ def load(url: str, shape: Shape) -> int:
     return run.pk
 
 
-def vacuum_analyze(url: str) -> None:
-    import psycopg
-
-    started = time.perf_counter()
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE")
-    log(f"VACUUM ANALYZE in {time.perf_counter() - started:.0f} s")
-
-
 def loaded_run(shape: Shape):
     """The benchmark run of this shape, if the database already holds it."""
     from collectors.models import Run
@@ -494,15 +444,6 @@ def serve(url: str, port: int) -> subprocess.Popen:
             time.sleep(0.2)
     server.terminate()
     raise SystemExit("gunicorn did not answer within 30 s")
-
-
-def session_cookie() -> str:
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    client = Client()
-    client.force_login(get_user_model().objects.get(username="bench"))
-    return client.cookies["sessionid"].value
 
 
 def max_points(document) -> int:
@@ -633,10 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM (timeout, Ctrl-C from make) must still stop the gunicorn this script started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     shape = QUICK if args.quick else Shape()
-    url = database_url(args.db)
-
-    fresh = create_database(url, drop=not args.reuse)
-    setup_django(url)
+    url, fresh = open_database(args.db, keep=args.reuse)
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
@@ -656,9 +594,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"reusing run {run_id} in {args.db}")
     from collectors.models import Run
 
-    counts = Run.objects.get(pk=run_id).config["bench"]
+    run = Run.objects.get(pk=run_id)
+    counts = run.config["bench"]
     urls = run_urls(run_id)
-    cookie = session_cookie()
+    cookie = member_client(run.project).cookies["sessionid"].value
     from django.db import connections
 
     connections.close_all()

@@ -22,7 +22,7 @@ import time
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from dashboard_load import database_url  # noqa: E402
+from _pages import database_url  # noqa: E402
 
 INDEXES = {
     "btree (run_id, ts)": "CREATE INDEX {name}_ix ON {name} (run_id, ts)",
