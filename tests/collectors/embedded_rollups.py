@@ -21,50 +21,30 @@ def main() -> None:
     from collectors.models import GpuSample, IngestToken, Project, Run, StepMetric
     from collectors.tasks import ingest_batch
     from tests.collectors.rollup_data import (
-        GPU_NUMBERS,
-        GPU_SUMS,
-        HOST_NUMBERS,
-        HOST_SUMS,
-        STEP_NUMBERS,
-        STEP_SUMS,
         T0,
-        assert_same,
+        across_the_hour_batches,
+        assert_rollups,
         batch,
-        gpu_aggregates,
-        host_aggregates,
-        hour_aggregates,
-        random_batches,
-        step_aggregates,
-        stored_gpus,
-        stored_hosts,
-        stored_hours,
-        stored_steps,
+        expected_rollups,
+        with_redeliveries,
     )
 
     assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
     call_command("migrate", verbosity=0)
     token = IngestToken.issue(Project.objects.create(slug="llm"))[1]
     rng = random.Random(11)
-    # run-h starts 2.5 min before 10:00 UTC: its GpuHour rows straddle an hour.
-    batches = random_batches(rng) + random_batches(rng, run="run-h", t0=T0 - 150)
-    deliveries = batches + rng.sample(batches, len(batches) // 3)
-    rng.shuffle(deliveries)
-    stored = sum(ingest_batch(copy.deepcopy(b), token=token)["stored"] for b in deliveries)
+    batches = across_the_hour_batches(rng)
+    stored = sum(ingest_batch(copy.deepcopy(b), token=token)["stored"]
+                 for b in with_redeliveries(rng, batches))
     ingest_batch(batch(rank=0, host="n", run="run-2",
                        steps=[(7, T0 + 59.9999996, None, None, 1.5, 0.25)]), token=token)
 
-    run = Run.objects.get(name="run-1")
-    steps, gpus = step_aggregates(run), gpu_aggregates(run)
-    coarse = {name: (host_aggregates(r), hour_aggregates(r))
-              for name, r in ((n, Run.objects.get(name=n)) for n in ("run-1", "run-h"))}
+    runs = [Run.objects.get(name=name) for name in ("run-1", "run-h")]
+    expected = {r.name: expected_rollups(r) for r in runs}
 
     def check() -> None:
-        assert_same(stored_steps(run), steps, STEP_NUMBERS, STEP_SUMS)
-        assert_same(stored_gpus(run), gpus, GPU_NUMBERS, GPU_SUMS)
-        for name, (hosts, hours) in coarse.items():
-            r = Run.objects.get(name=name)
-            assert_same(stored_hosts(r), hosts, HOST_NUMBERS, HOST_SUMS)
-            assert_same(stored_hours(r), hours, GPU_NUMBERS, GPU_SUMS)
+        for r in runs:
+            assert_rollups(r, expected[r.name])
 
     check()
     call_command("rebuild_rollups", verbosity=0)
@@ -73,8 +53,8 @@ def main() -> None:
     # The pages' portable reads (the ORM over HostMinute and GpuHour) agree with the raw rows.
     from collectors import cluster_reads
 
-    crossing = Run.objects.get(name="run-h")
-    hosts, hours = coarse["run-h"]
+    run, crossing = runs
+    hosts, hours = expected["run-h"]["hosts"], expected["run-h"]["hours"]
     per_minute: dict = {}
     for (_, minute), agg in hosts.items():
         per_minute[minute.timestamp()] = per_minute.get(minute.timestamp(), 0) + agg["gpus"]
@@ -91,8 +71,10 @@ def main() -> None:
         "steps": StepMetric.objects.filter(run=run).count(),
         "gpu_samples": GpuSample.objects.filter(run=run).count(),
         "hosts": sorted(set(GpuSample.objects.values_list("host", flat=True))),
-        "step_minutes": len(steps), "gpu_minutes": len(gpus),
-        "gpu_hours": {name: sorted({k[2].hour for k in hours}) for name, (_, hours) in coarse.items()},
+        "step_minutes": len(expected["run-1"]["steps"]),
+        "gpu_minutes": len(expected["run-1"]["gpus"]),
+        "gpu_hours": {name: sorted({k[2].hour for k in rollups["hours"]})
+                      for name, rollups in expected.items()},
         "edge": [edge.ts.isoformat(), edge.duration_s, edge.tokens, edge.loss, edge.extra],
     }))
 

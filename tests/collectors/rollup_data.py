@@ -72,6 +72,19 @@ def random_batches(rng: random.Random, run: str = "run-1", t0: float = T0) -> li
     return batches
 
 
+def across_the_hour_batches(rng: random.Random) -> list[dict]:
+    """run-1's random batches and run-h's, which starts 2.5 min before 10:00 UTC so that its
+    batches straddle an hour as well as minutes."""
+    return random_batches(rng) + random_batches(rng, run="run-h", t0=T0 - 150)
+
+
+def with_redeliveries(rng: random.Random, batches: list[dict]) -> list[dict]:
+    """``batches`` shuffled (out of order), with a third of them delivered twice."""
+    deliveries = batches + rng.sample(batches, len(batches) // 3)
+    rng.shuffle(deliveries)
+    return deliveries
+
+
 def step_aggregates(run: Run) -> dict:
     """StepMinute as it should be, computed here in Python from the stored raw rows."""
     found: dict = defaultdict(lambda: {"steps": 0, "last_step": None, "duration_n": 0,
@@ -195,3 +208,16 @@ def assert_same(stored: dict, expected: dict, exact: tuple[str, ...], sums: tupl
                 (key, field)
 
 
+def expected_rollups(run: Run) -> dict:
+    """Every rollup table's rows of ``run`` as they should be, from its raw rows."""
+    return {"steps": step_aggregates(run), "gpus": gpu_aggregates(run),
+            "hosts": host_aggregates(run), "hours": hour_aggregates(run)}
+
+
+def assert_rollups(run: Run, expected: dict) -> None:
+    """The stored StepMinute, GpuMinute, HostMinute and GpuHour rows of ``run`` are ``expected``
+    (an ``expected_rollups`` of it)."""
+    assert_same(stored_steps(run), expected["steps"], STEP_NUMBERS, STEP_SUMS)
+    assert_same(stored_gpus(run), expected["gpus"], GPU_NUMBERS, GPU_SUMS)
+    assert_same(stored_hosts(run), expected["hosts"], HOST_NUMBERS, HOST_SUMS)
+    assert_same(stored_hours(run), expected["hours"], GPU_NUMBERS, GPU_SUMS)

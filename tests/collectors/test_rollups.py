@@ -26,6 +26,7 @@ from tests.collectors.rollup_data import (
     STEP_NUMBERS,
     STEP_SUMS,
     T0,
+    across_the_hour_batches,
     assert_same,
     batch,
     gpu_aggregates,
@@ -37,6 +38,7 @@ from tests.collectors.rollup_data import (
     stored_hosts,
     stored_hours,
     stored_steps,
+    with_redeliveries,
 )
 
 
@@ -45,9 +47,8 @@ def ingested(token):
     """The random batches, shuffled (out of order), with a third of them delivered twice."""
     rng = random.Random(7)
     batches = random_batches(rng)
-    deliveries = batches + rng.sample(batches, len(batches) // 3)
-    rng.shuffle(deliveries)
-    results = [ingest_batch(copy.deepcopy(b), token=token) for b in deliveries]
+    results = [ingest_batch(copy.deepcopy(b), token=token)
+               for b in with_redeliveries(rng, batches)]
     assert sum(r["stored"] for r in results) == len(batches)
     return Run.objects.get(name="run-1")
 
@@ -72,11 +73,9 @@ def across_the_hour(token):
     """Two runs' random batches, shuffled together with redeliveries: one run starting 2.5 min
     before 10:00 UTC so its batches straddle an hour as well as minutes."""
     rng = random.Random(23)
-    batches = random_batches(rng) + random_batches(rng, run="run-h", t0=T0 - 150)
-    deliveries = batches + rng.sample(batches, len(batches) // 3)
-    rng.shuffle(deliveries)
+    batches = across_the_hour_batches(rng)
     assert sum(ingest_batch(copy.deepcopy(b), token=token)["stored"]
-               for b in deliveries) == len(batches)
+               for b in with_redeliveries(rng, batches)) == len(batches)
     return [Run.objects.get(name="run-1"), Run.objects.get(name="run-h")]
 
 
