@@ -309,6 +309,48 @@ class GpuHour(models.Model):
                                                name="gpu_hour_unique")]
 
 
+class StepQuarter(models.Model):
+    """One rank's StepMinute rows of one quarter hour, kept from StepMinute by ingest: the run
+    page of a run of days reads ~100 of these a day per rank instead of 1,440 minutes. Besides
+    the sums, each chart's lowest and highest minute with where it sits on the chart's x axis
+    (its last step, or its start), so that drawn from these the charts keep every minute's
+    extreme that a min/max downsampling of the minutes would: a loss spike, a slow step, a
+    throughput dip. A minute's value is what the minute charts plot: its mean loss, its slowest
+    step, its tokens (or steps) over the time its steps took."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
+    rank = models.PositiveIntegerField()
+    quarter = models.DateTimeField()  # start of the quarter hour, UTC
+    minutes = models.PositiveIntegerField(default=0)  # StepMinute rows merged
+    steps = models.PositiveIntegerField(default=0)
+    last_step = models.BigIntegerField(null=True)
+    duration_n = models.PositiveIntegerField(default=0)
+    duration_sum = models.FloatField(default=0.0)
+    tokens = models.BigIntegerField(default=0)
+    loss_n = models.PositiveIntegerField(default=0)
+    loss_sum = models.FloatField(default=0.0)
+    loss_low = models.FloatField(null=True)
+    loss_low_step = models.BigIntegerField(null=True)
+    loss_high = models.FloatField(null=True)
+    loss_high_step = models.BigIntegerField(null=True)
+    slowest_low = models.FloatField(null=True)
+    slowest_low_step = models.BigIntegerField(null=True)
+    slowest_high = models.FloatField(null=True)
+    slowest_high_step = models.BigIntegerField(null=True)
+    token_rate_low = models.FloatField(null=True)
+    token_rate_low_at = models.DateTimeField(null=True)
+    token_rate_high = models.FloatField(null=True)
+    token_rate_high_at = models.DateTimeField(null=True)
+    step_rate_low = models.FloatField(null=True)
+    step_rate_low_at = models.DateTimeField(null=True)
+    step_rate_high = models.FloatField(null=True)
+    step_rate_high_at = models.DateTimeField(null=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "rank", "quarter"],
+                                               name="step_quarter_unique")]
+
+
 class Event(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, db_index=False)
     attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, db_index=False)

@@ -12,7 +12,8 @@ from django.db import connection
 from django.db.models import Count, Max, QuerySet, Sum
 
 from collectors.analysis.throughput import RECENT_WINDOW_S, WindowAggregate
-from collectors.models import Attempt, Run, StepMetric, StepMinute
+from collectors.models import Attempt, Run, StepMetric, StepMinute, StepQuarter
+from collectors.step_quarters import QUARTER_S
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ _MINUTE_COLUMNS = ("last_step", "steps", "duration_n", "duration_sum", "duration
 _MINUTES_SQL = """
 SELECT rank, string_agg({packed}, ''::bytea)
 FROM {table} WHERE run_id = %(run)s AND rank = ANY(%(ranks)s)
-  AND minute >= %(since)s AND minute < %(until)s
+  AND {time} >= %(since)s AND {time} < %(until)s
 GROUP BY rank
 """
 _ALL_TIME = (datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, tzinfo=UTC))
@@ -212,7 +213,7 @@ def run_step_minutes_by_rank(run: Run, ranks: Iterable[int],
     packed = " || ".join(
         f"float8send(coalesce(({expression})::float8, 'NaN'))"
         for expression in ("extract(epoch FROM minute)", *_MINUTE_COLUMNS))
-    sql = _MINUTES_SQL.format(packed=packed, table=StepMinute._meta.db_table)
+    sql = _MINUTES_SQL.format(packed=packed, table=StepMinute._meta.db_table, time="minute")
     with connection.cursor() as cursor:
         cursor.execute(sql, {"run": run.pk, "ranks": ranks, "since": since, "until": until})
         rows = cursor.fetchall()
@@ -237,3 +238,71 @@ def _step_minutes_portable(run: Run, ranks: list[int], since: datetime,
         found.setdefault(rank, []).append((minute.timestamp(), *rest))
     return {rank: RankMinutes(*np.array(rows, dtype=np.float64).T)
             for rank, rows in found.items()}
+
+
+@dataclass
+class RankQuarters:
+    """One rank's StepQuarter rows as NumPy columns, in quarter order: what the run page of a run
+    of days is charted from. Per chart, each quarter's lowest and highest minute value with its
+    x (last step, or the minute's start in Unix seconds); NaN where the quarter has none."""
+
+    quarter: np.ndarray  # start of the quarter hour, Unix seconds
+    minutes: np.ndarray
+    steps: np.ndarray
+    tokens: np.ndarray
+    loss_low: np.ndarray
+    loss_low_step: np.ndarray
+    loss_high: np.ndarray
+    loss_high_step: np.ndarray
+    slowest_low: np.ndarray
+    slowest_low_step: np.ndarray
+    slowest_high: np.ndarray
+    slowest_high_step: np.ndarray
+    token_rate_low: np.ndarray
+    token_rate_low_at: np.ndarray
+    token_rate_high: np.ndarray
+    token_rate_high_at: np.ndarray
+    step_rate_low: np.ndarray
+    step_rate_low_at: np.ndarray
+    step_rate_high: np.ndarray
+    step_rate_high_at: np.ndarray
+
+
+_QUARTER_COLUMNS = tuple(RankQuarters.__dataclass_fields__)
+
+
+def run_step_quarters_by_rank(run: Run, ranks: Iterable[int],
+                              window: tuple[datetime, datetime] | None = None
+                              ) -> dict[int, RankQuarters]:
+    """The StepQuarter rows of ``run`` for the given ranks (ranks without rows left out), for the
+    quarter hours that overlap ``window`` [since, until) when given: 96 rows a day per rank,
+    packed and read as run_step_minutes_by_rank reads minutes."""
+    ranks = [int(rank) for rank in ranks]
+    since, until = window or _ALL_TIME
+    if window:  # the quarter that holds ``since``
+        since = datetime.fromtimestamp(since.timestamp() // QUARTER_S * QUARTER_S, tz=UTC)
+    if connection.vendor != "postgresql":
+        rows = (StepQuarter.objects.filter(run=run, rank__in=ranks, quarter__gte=since,
+                                           quarter__lt=until)
+                .order_by("rank", "quarter").values_list("rank", *_QUARTER_COLUMNS))
+        found: dict[int, list] = {}
+        for rank, *values in rows:
+            found.setdefault(rank, []).append(
+                [v.timestamp() if isinstance(v, datetime) else v for v in values])
+        return {rank: RankQuarters(*np.array(values, dtype=np.float64).T)
+                for rank, values in found.items()}
+    packed = " || ".join(
+        f"float8send(coalesce(({expression})::float8, 'NaN'))"
+        for expression in (f"extract(epoch FROM {name})" if name == "quarter" or
+                           name.endswith("_at") else name for name in _QUARTER_COLUMNS))
+    sql = _MINUTES_SQL.format(packed=packed, table=StepQuarter._meta.db_table, time="quarter")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"run": run.pk, "ranks": ranks, "since": since, "until": until})
+        rows = cursor.fetchall()
+    found_packed = {}
+    for rank, packed_rows in rows:
+        table = np.frombuffer(packed_rows, dtype=">f8").astype(np.float64).reshape(
+            -1, len(_QUARTER_COLUMNS))
+        table = table[np.argsort(table[:, 0], kind="stable")]
+        found_packed[rank] = RankQuarters(*table.T)
+    return dict(sorted(found_packed.items()))

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from django.db import connection, transaction
 
+from collectors import step_quarters
 from collectors.columns import MICROS_PER_MINUTE
 
 # What merges how when a minute already has a row: ADD sums and counts, MAX/MIN compare (a null
@@ -168,6 +169,8 @@ def add(run_id: int, rank: int, host: str, steps: Groups, gpus: Groups) -> None:
                 _sqlite_upsert(cursor, *upsert)
     if len(gpus):
         _derive(run_id, host, gpus.columns["minute"], gpus.columns["gpu"])
+    if len(steps):
+        step_quarters.derive([(run_id, rank, steps.columns["minute"])])
 
 
 def add_steps(run_id: int, rank: int, groups: Groups) -> None:
@@ -452,7 +455,7 @@ GROUP BY run_id, host, gpu, date_trunc('minute', ts)
 def rebuild(run_id: int | None = None) -> dict[str, int]:
     """Recomputes the rollups of one run (or of every run) from the raw rows; returns how many
     rollup rows each table now holds for it."""
-    from collectors.models import GpuHour, GpuMinute, HostMinute, StepMinute
+    from collectors.models import GpuHour, GpuMinute, HostMinute, StepMinute, StepQuarter
 
     if connection.vendor == "postgresql":
         where, params = ("WHERE run_id = %s", [run_id]) if run_id is not None else ("", [])
@@ -466,16 +469,19 @@ def rebuild(run_id: int | None = None) -> dict[str, int]:
             # hash aggregation of many minutes in memory rather than in batches on disk.
             cursor.execute("SET LOCAL TimeZone = 'UTC'")
             cursor.execute("SET LOCAL work_mem = '256MB'")
-            cursor.execute(f"LOCK TABLE {HOST_TABLE}, {HOUR_TABLE} IN SHARE ROW EXCLUSIVE MODE")
+            cursor.execute(f"LOCK TABLE {HOST_TABLE}, {HOUR_TABLE}, {step_quarters.TABLE} "
+                           "IN SHARE ROW EXCLUSIVE MODE")
             for table, insert in ((STEP_TABLE, _STEP_REBUILD), (GPU_TABLE, _GPU_REBUILD)):
                 cursor.execute(f"DELETE FROM {table} {where}", params)
                 cursor.execute(insert.format(where=where), params)
     else:
         _rebuild_portably(run_id)
     derive_coarse(run_id)
+    step_quarters.rebuild(run_id)
     counts = {}
     for name, model in (("step_minutes", StepMinute), ("gpu_minutes", GpuMinute),
-                        ("host_minutes", HostMinute), ("gpu_hours", GpuHour)):
+                        ("host_minutes", HostMinute), ("gpu_hours", GpuHour),
+                        ("step_quarters", StepQuarter)):
         rows = model.objects.all()
         counts[name] = (rows if run_id is None else rows.filter(run_id=run_id)).count()
     return counts

@@ -23,6 +23,11 @@ MAX_RANK_TRACES = 16
 # of the rows (about 100 ms of reading and downsampling on the 2-core benchmark machine).
 RAW_STEP_ROWS_LIMIT = 40_000
 
+# Above this many rollup minutes in the ranks shown, the run page reads the quarter-hour rollups
+# (StepQuarter, each quarter's lowest and highest minute per chart) instead: 16 ranks' minutes of
+# 4.6 days (106k) were 3/4 of the page.
+MINUTE_ROWS_LIMIT = 30_000
+
 # Runs in these states will not change again: their pages stop polling.
 FINAL_STATUSES = frozenset({Run.Status.FINISHED, Run.Status.FAILED})
 
@@ -82,18 +87,19 @@ def run_series(run: Run, now: datetime,
     themselves (every step, downsampled keeping each bucket's extremes). Beyond that they are
     drawn from the per-minute rollups, so a run of weeks costs what a run of hours does: loss
     is each minute's mean, throughput the minute's tokens over the time its steps took, and step
-    duration the minute's slowest step, so a slow step is never averaged away. A ``window``
+    duration the minute's slowest step, so a slow step is never averaged away. Beyond
+    MINUTE_ROWS_LIMIT minutes they are drawn from the quarter-hour rollups: each quarter's lowest
+    and highest of those minute values, which is what downsampling the minutes would keep. A
+    ``window``
     [since, until) narrows the charts to that time: zoomed in far enough, they show every step
     again."""
     # Not bounded by world_size: a launcher that under-reports it must not hide ranks.
     ranks = range(MAX_RANK_TRACES)
-    minutes = queries.run_step_minutes_by_rank(run, ranks, window)
-    summarised = sum(float(m.steps.sum()) for m in minutes.values())
-    if summarised > RAW_STEP_ROWS_LIMIT:
-        charts_by_name, shown, resolution = _minute_charts(minutes), len(minutes), "minute"
+    quarters = queries.run_step_quarters_by_rank(run, ranks, window)
+    if sum(float(q.minutes.sum()) for q in quarters.values()) > MINUTE_ROWS_LIMIT:
+        charts_by_name, shown, resolution = _quarter_charts(quarters), len(quarters), "quarter"
     else:
-        steps_by_rank = queries.run_steps_by_rank(run, ranks, window)
-        charts_by_name, shown, resolution = _step_charts(steps_by_rank), len(steps_by_rank), "step"
+        charts_by_name, shown, resolution = _minute_or_step_charts(run, ranks, window)
     return {
         "run": run_header(run, now),
         "ranks_shown": shown,
@@ -103,6 +109,16 @@ def run_series(run: Run, now: datetime,
         "charts": charts_by_name,
         "generated_at": now.isoformat(),
     }
+
+
+def _minute_or_step_charts(run: Run, ranks: range,
+                           window: tuple[datetime, datetime] | None) -> tuple[dict, int, str]:
+    minutes = queries.run_step_minutes_by_rank(run, ranks, window)
+    summarised = sum(float(m.steps.sum()) for m in minutes.values())
+    if summarised > RAW_STEP_ROWS_LIMIT:
+        return _minute_charts(minutes), len(minutes), "minute"
+    steps_by_rank = queries.run_steps_by_rank(run, ranks, window)
+    return _step_charts(steps_by_rank), len(steps_by_rank), "step"
 
 
 def _step_charts(steps_by_rank: dict[int, queries.RankSteps]) -> dict[str, Any]:
@@ -141,3 +157,41 @@ def _minute_charts(minutes: dict[int, queries.RankMinutes]) -> dict[str, Any]:
         "throughput": charts.throughput_figure(rate, unit, note="per minute"),
         "duration": charts.step_duration_figure(duration, note="slowest step per minute"),
     }
+
+
+def _quarter_charts(quarters: dict[int, queries.RankQuarters]) -> dict[str, Any]:
+    """The minute charts drawn from each quarter hour's lowest and highest minute: what the
+    minute charts' min/max downsampling keeps of a run this long, read at 1/15 of the rows."""
+    use_tokens = any(q.tokens.sum() > 0 for q in quarters.values())
+    unit = throughput.TOKENS_PER_S if use_tokens else throughput.STEPS_PER_S
+    rate = "token_rate" if use_tokens else "step_rate"
+
+    def points(name: str, x: str, *, steps: bool) -> dict[int, tuple]:
+        return {rank: _extreme_points(getattr(q, f"{name}_low{x}"), getattr(q, f"{name}_low"),
+                                      getattr(q, f"{name}_high{x}"), getattr(q, f"{name}_high"),
+                                      steps=steps)
+                for rank, q in quarters.items()}
+
+    note = "; each 15 min's lowest and highest"
+    return {
+        "loss": charts.loss_figure(points("loss", "_step", steps=True),
+                                   note="mean per minute" + note),
+        "throughput": charts.throughput_figure(points(rate, "_at", steps=False), unit,
+                                               note="per minute" + note),
+        "duration": charts.step_duration_figure(points("slowest", "_step", steps=True),
+                                                note="slowest step per minute" + note),
+    }
+
+
+def _extreme_points(x_low: np.ndarray, low: np.ndarray, x_high: np.ndarray, high: np.ndarray,
+                    *, steps: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each quarter's low and high as two points in x order (one where they are the same
+    minute), quarters in time order; quarters without a value are left out."""
+    low_first = ~(x_high < x_low)
+    x = np.column_stack((np.where(low_first, x_low, x_high), np.where(low_first, x_high, x_low)))
+    y = np.column_stack((np.where(low_first, low, high), np.where(low_first, high, low)))
+    y[(x_low == x_high) & (low == high), 1] = np.nan
+    x, y = x.ravel(), y.ravel()
+    kept = np.isfinite(y) & np.isfinite(x)
+    x, y = x[kept], y[kept]
+    return (x.astype(np.int64) if steps else x), y

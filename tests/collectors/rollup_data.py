@@ -9,7 +9,16 @@ from collections import defaultdict
 
 import pytest
 
-from collectors.models import GpuHour, GpuMinute, GpuSample, HostMinute, Run, StepMetric, StepMinute
+from collectors.models import (
+    GpuHour,
+    GpuMinute,
+    GpuSample,
+    HostMinute,
+    Run,
+    StepMetric,
+    StepMinute,
+    StepQuarter,
+)
 from collectors.rollups import THROTTLING_MASK
 from trainer_plugin import protocol
 
@@ -177,6 +186,57 @@ def hour_aggregates(run: Run) -> dict:
     return found
 
 
+QUARTER_NUMBERS = ("minutes", "steps", "last_step", "duration_n", "tokens", "loss_n",
+                   "loss_low_step", "loss_high_step", "slowest_low_step", "slowest_high_step",
+                   "token_rate_low_at", "token_rate_high_at", "step_rate_low_at",
+                   "step_rate_high_at")
+QUARTER_SUMS = ("duration_sum", "loss_sum", "loss_low", "loss_high", "slowest_low",
+                "slowest_high", "token_rate_low", "token_rate_high", "step_rate_low",
+                "step_rate_high")
+
+
+def quarter_aggregates(run: Run) -> dict:
+    """StepQuarter as it should be: step_aggregates' minutes merged per (rank, quarter hour),
+    with each chart's lowest and highest minute value (mean loss, slowest step, tokens/s and
+    steps/s over the time the minute's steps took) and where it is drawn (the minute's last step
+    or start); ties keep the earliest low and the latest high."""
+    found: dict = {}
+    for (rank, minute), agg in sorted(step_aggregates(run).items()):
+        key = (rank, minute.replace(minute=minute.minute - minute.minute % 15))
+        q = found.setdefault(key, {"minutes": 0, "steps": 0, "last_step": None, "duration_n": 0,
+                                   "duration_sum": 0.0, "tokens": 0, "loss_n": 0,
+                                   "loss_sum": 0.0})
+        q["minutes"] += 1
+        for name in ("steps", "duration_n", "duration_sum", "tokens", "loss_n", "loss_sum"):
+            q[name] += agg[name]
+        q["last_step"] = max(q["last_step"] or agg["last_step"], agg["last_step"])
+        timed = agg["duration_n"] > 0 and agg["duration_sum"] > 0
+        for name, value, x_name, x in (
+                ("loss", agg["loss_sum"] / agg["loss_n"] if agg["loss_n"] else None, "step",
+                 agg["last_step"]),
+                ("slowest", agg["duration_max"], "step", agg["last_step"]),
+                ("token_rate", agg["tokens"] / agg["duration_sum"]
+                 if timed and agg["tokens"] > 0 else None, "at", minute),
+                ("step_rate", agg["duration_n"] / agg["duration_sum"] if timed else None, "at",
+                 minute)):
+            q.setdefault(f"{name}_low", None)
+            q.setdefault(f"{name}_high", None)
+            q.setdefault(f"{name}_low_{x_name}", None)
+            q.setdefault(f"{name}_high_{x_name}", None)
+            if value is None:
+                continue
+            if q[f"{name}_low"] is None or value < q[f"{name}_low"]:
+                q[f"{name}_low"], q[f"{name}_low_{x_name}"] = value, x
+            if q[f"{name}_high"] is None or value >= q[f"{name}_high"]:
+                q[f"{name}_high"], q[f"{name}_high_{x_name}"] = value, x
+    return found
+
+
+def stored_quarters(run: Run) -> dict:
+    return {(r.rank, r.quarter): {f: getattr(r, f) for f in QUARTER_NUMBERS + QUARTER_SUMS}
+            for r in StepQuarter.objects.filter(run=run)}
+
+
 def stored_hosts(run: Run) -> dict:
     return {(r.host, r.minute): {f: getattr(r, f) for f in HOST_NUMBERS + HOST_SUMS}
             for r in HostMinute.objects.filter(run=run)}
@@ -211,13 +271,15 @@ def assert_same(stored: dict, expected: dict, exact: tuple[str, ...], sums: tupl
 def expected_rollups(run: Run) -> dict:
     """Every rollup table's rows of ``run`` as they should be, from its raw rows."""
     return {"steps": step_aggregates(run), "gpus": gpu_aggregates(run),
-            "hosts": host_aggregates(run), "hours": hour_aggregates(run)}
+            "hosts": host_aggregates(run), "hours": hour_aggregates(run),
+            "quarters": quarter_aggregates(run)}
 
 
 def assert_rollups(run: Run, expected: dict) -> None:
-    """The stored StepMinute, GpuMinute, HostMinute and GpuHour rows of ``run`` are ``expected``
-    (an ``expected_rollups`` of it)."""
+    """The stored StepMinute, GpuMinute, HostMinute, GpuHour and StepQuarter rows of ``run`` are
+    ``expected`` (an ``expected_rollups`` of it)."""
     assert_same(stored_steps(run), expected["steps"], STEP_NUMBERS, STEP_SUMS)
     assert_same(stored_gpus(run), expected["gpus"], GPU_NUMBERS, GPU_SUMS)
     assert_same(stored_hosts(run), expected["hosts"], HOST_NUMBERS, HOST_SUMS)
     assert_same(stored_hours(run), expected["hours"], GPU_NUMBERS, GPU_SUMS)
+    assert_same(stored_quarters(run), expected["quarters"], QUARTER_NUMBERS, QUARTER_SUMS)

@@ -32,6 +32,7 @@ from tests.collectors.rollup_data import (
     gpu_aggregates,
     host_aggregates,
     hour_aggregates,
+    quarter_aggregates,
     random_batches,
     step_aggregates,
     stored_gpus,
@@ -218,7 +219,8 @@ def test_rebuild_reproduces_what_ingest_maintained(ingested, token):
 
     assert counts == {"step_minutes": len(steps) + 1, "gpu_minutes": len(gpus),
                       "host_minutes": len(host_aggregates(ingested)),
-                      "gpu_hours": len(hour_aggregates(ingested))}
+                      "gpu_hours": len(hour_aggregates(ingested)),
+                      "step_quarters": len(quarter_aggregates(ingested)) + 1}
     assert_same(stored_steps(ingested), steps, STEP_NUMBERS, STEP_SUMS)
     assert_same(stored_gpus(ingested), gpus, GPU_NUMBERS, GPU_SUMS)
     assert stored_steps(other) == other_steps

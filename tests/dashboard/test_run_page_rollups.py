@@ -188,3 +188,45 @@ def test_minutes_without_a_known_last_step_stay_off_the_step_charts(clients, pro
         [2.0 + i / 100 for i in range(0, 60, 2)])
     # Throughput is against time, which every minute has.
     assert len(series["charts"]["throughput"]["data"][0]["x"]) == 60
+
+
+@pytest.mark.django_db
+def test_a_run_of_days_is_drawn_from_each_quarter_hours_lowest_and_highest_minute(
+        clients, projects, now, long_run_limit, monkeypatch):
+    monkeypatch.setattr(presenters, "MINUTE_ROWS_LIMIT", 1_000)
+    run, attempts = make_run(projects["llm"], "days", world_size=1, last_seen_at=now)
+    start = (now - timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
+    add_steps(run, attempts[0], ranks=1, steps=range(1, 4321), start=start, every_s=60,
+              tokens=1000,
+              loss=lambda rank, step: 9.0 if step == 2_345 else 2.0 + 1.0 / step,
+              duration=lambda rank, step: 41.0 if step == 1_234 else
+              1.0 + (step % 7) / 100 + step / 1e6)
+    rollups.rebuild(run.pk)
+
+    series = _series(clients["owner"], run)
+
+    assert series["resolution"] == "quarter"
+    assert "each 15 min's lowest and highest" in series["charts"]["loss"]["layout"]["title"]["text"]
+    # What the rows say per minute, then each quarter hour's lowest and highest minute.
+    minutes = _per_minute_from_rows(run, 0)
+    expected: dict[str, set] = {"loss": set(), "duration": set(), "throughput": set()}
+    quarters = defaultdict(list)
+    for i, minute_ms in enumerate(minutes["minute_ms"]):
+        quarters[minute_ms // 900_000].append(i)
+    for quarter in quarters.values():
+        for chart, x, y in (("loss", "last_step", "loss"), ("duration", "last_step", "slowest"),
+                            ("throughput", "minute_ms", "tokens_per_s")):
+            points = [(minutes[x][i], minutes[y][i]) for i in quarter]
+            expected[chart] |= {min(points, key=lambda p: p[1]), max(points, key=lambda p: p[1])}
+    assert len(quarters) > 288
+    for chart, points in expected.items():
+        trace = series["charts"][chart]["data"][0]
+        # Two points a quarter (one for a quarter of one minute), in time order; y to the 9
+        # significant digits the charts send.
+        assert len(points) == 2 * len(quarters) - 1
+        assert trace["x"] == [x for x, _ in sorted(points)]
+        assert trace["y"] == pytest.approx([y for _, y in sorted(points)], rel=1e-8)
+    loss, duration = series["charts"]["loss"]["data"][0], series["charts"]["duration"]["data"][0]
+    assert loss["x"][loss["y"].index(9.0)] == 2_345
+    assert duration["x"][duration["y"].index(41.0)] == 1_234
+    assert min(series["charts"]["throughput"]["data"][0]["y"]) == pytest.approx(1000 / 41.0)
