@@ -252,24 +252,77 @@ def gpu_cells(run: Run, bucket_s: int) -> list[gpu_health.GpuCell]:
             cursor.execute(_WORK_MEM)
             cursor.execute(sql,
                            {"run": run.pk, "bucket": bucket_s, "mask": gpu_health.THROTTLING_MASK})
-            rows = cursor.fetchall()
-        return [gpu_health.GpuCell(host=host, gpu=gpu, bucket=float(bucket), samples=int(samples),
-                                   temp_n=int(temp_n or 0), temp_sum=temp_sum or 0.0,
-                                   temp_max=temp_max, power_n=int(power_n or 0),
-                                   power_sum=power_sum or 0.0, power_max=power_max,
-                                   throttled=int(throttled or 0), throttle_bits=int(bits or 0))
-                for host, gpu, bucket, samples, temp_n, temp_sum, temp_max, power_n, power_sum,
-                power_max, throttled, bits in rows]
+            return _cells(cursor.fetchall())
     return _gpu_cells_portable(run, bucket_s)
 
 
-def _gpu_cells_portable(run: Run, bucket_s: int) -> list[gpu_health.GpuCell]:
+# One pass over the rollup for GPU health: per GPU, its buckets' mean temperature and power packed
+# as float8 triples (NaN where the bucket has no sample of it), and its totals over the run
+# summed from the same buckets. The heatmap's 30k cells come back as 512 rows instead of 30k
+# Python objects.
+_HEALTH_SQL = """
+SELECT host, gpu, string_agg(float8send(bucket) || float8send(coalesce(temp_sum / nullif(temp_n, 0),
+                                                                       'NaN'))
+                             || float8send(coalesce(power_sum / nullif(power_n, 0), 'NaN')),
+                             ''::bytea),
+       sum(samples), sum(temp_n), sum(temp_sum), max(temp_max), sum(power_n), sum(power_sum),
+       max(power_max), sum(throttled), bit_or(bits)
+FROM (SELECT host, gpu, extract(epoch FROM date_bin(%(bucket)s * interval '1 second', minute,
+                                                    timestamptz 'epoch'))::float8 AS bucket,
+             sum(samples) AS samples, sum(temp_n) AS temp_n, sum(temp_sum) AS temp_sum,
+             max(temp_max) AS temp_max, sum(power_n) AS power_n, sum(power_sum) AS power_sum,
+             max(power_max) AS power_max,
+             sum(throttled) FILTER (WHERE throttle_bits & %(mask)s != 0) AS throttled,
+             bit_or(throttle_bits) AS bits
+      FROM {table}
+      WHERE run_id = %(run)s
+      GROUP BY host, gpu, 3) cells
+GROUP BY host, gpu
+"""
+
+
+def gpu_health_rows(run: Run, bucket_s: int
+                    ) -> tuple[dict[tuple[str, int], gpu_health.GpuMeans], list[gpu_health.GpuCell]]:
+    """Each GPU's mean temperature and power per bucket of ``bucket_s`` seconds (the heatmap),
+    and one cell per GPU of its totals over the run (bucket 0: what its summary is made of);
+    from GpuHour for buckets of whole hours."""
+    if connection.vendor != "postgresql":
+        cells = _gpu_cells_portable(run, bucket_s)
+        return gpu_health.means_of_cells(cells), _gpu_cells_portable(run, None)
+    sql = _HEALTH_SQL.format(table=GpuMinute._meta.db_table)
+    if _hourly(bucket_s):
+        sql = _HEALTH_SQL.replace("minute", "hour").format(table=GpuHour._meta.db_table)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_WORK_MEM)
+        cursor.execute(sql, {"run": run.pk, "bucket": bucket_s,
+                             "mask": gpu_health.THROTTLING_MASK})
+        rows = cursor.fetchall()
+    means = {}
+    for host, gpu, packed, *_ in rows:
+        bucket, temp, watts = np.frombuffer(bytes(packed), ">f8").astype(np.float64).reshape(
+            -1, 3).T
+        means[(host, gpu)] = gpu_health.GpuMeans(bucket, temp, watts)
+    return means, _cells((host, gpu, 0.0, *totals) for host, gpu, _, *totals in rows)
+
+
+def _cells(rows) -> list[gpu_health.GpuCell]:
+    return [gpu_health.GpuCell(host=host, gpu=gpu, bucket=float(bucket), samples=int(samples),
+                               temp_n=int(temp_n or 0), temp_sum=temp_sum or 0.0,
+                               temp_max=temp_max, power_n=int(power_n or 0),
+                               power_sum=power_sum or 0.0, power_max=power_max,
+                               throttled=int(throttled or 0), throttle_bits=int(bits or 0))
+            for host, gpu, bucket, samples, temp_n, temp_sum, temp_max, power_n, power_sum,
+            power_max, throttled, bits in rows]
+
+
+def _gpu_cells_portable(run: Run, bucket_s: int | None) -> list[gpu_health.GpuCell]:
+    """The cells computed in Python (SQLite); ``bucket_s`` None: one per GPU, the whole run."""
     totals: dict[tuple, dict] = {}
-    rows = (GpuHour.objects.filter(run=run) if _hourly(bucket_s)
+    rows = (GpuHour.objects.filter(run=run) if bucket_s is None or _hourly(bucket_s)
             else GpuMinute.objects.filter(run=run))
     for m in rows.iterator():
         start = m.hour if isinstance(m, GpuHour) else m.minute
-        bucket = (start.timestamp() // bucket_s) * bucket_s
+        bucket = 0.0 if bucket_s is None else (start.timestamp() // bucket_s) * bucket_s
         t = totals.setdefault((m.host, m.gpu, bucket), {
             "samples": 0, "temp_n": 0, "temp_sum": 0.0, "temp_max": None, "power_n": 0,
             "power_sum": 0.0, "power_max": None, "throttled": 0, "bits": 0})
