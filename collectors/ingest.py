@@ -5,8 +5,8 @@ is delivered again (a retry, a redelivery after a killed worker) writes nothing 
 from __future__ import annotations
 
 import logging
-import math
 import reprlib
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -239,57 +239,62 @@ def _checkpoints(batch, run_id: int, attempt_id: int, rank: int) -> list[Checkpo
     return found
 
 
-def _update_run_and_attempt(batch: dict[str, Any], place: Placement, rank: int) -> None:
-    """Folds what the batch says about progress and status into the run and attempt rows, with
-    single UPDATEs (GREATEST/LEAST of stored and new) so concurrent batches of other ranks never
-    overwrite each other's progress.
+def _update_run_and_attempt(batches: list[dict[str, Any]], place: Placement) -> None:
+    """Folds what the batches (all of one run attempt) say about progress and status into the run
+    and attempt rows, with single UPDATEs (GREATEST/LEAST of stored and new) so concurrent
+    batches of other ranks never overwrite each other's progress.
 
-    Only what the batch moves is written, and nothing when it moves nothing: an UPDATE locks the
-    run's row until the batch commits, so every batch updating it would make the workers storing
-    one run take turns. Skipping is safe because the merges only ever move one way: a value read
-    in this transaction that already covers the batch stays covering it."""
-    steps, gpus, events = batch["steps"], batch["gpus"], batch["events"]
-    event_times = [event["ts"] for event in events]
+    Only what the batches move is written, and nothing when they move nothing: an UPDATE locks
+    the run's row until the transaction commits, so every batch updating it would make the
+    workers storing one run take turns. Skipping is safe because the merges only ever move one
+    way: a value read in this transaction that already covers the batches stays covering it."""
+    times = [t for batch in batches for t in (
+        min(batch["steps"]["ts"], default=None), max(batch["steps"]["ts"], default=None),
+        min(batch["gpus"]["ts"], default=None), max(batch["gpus"]["ts"], default=None),
+        *(event["ts"] for event in batch["events"])) if t is not None]
     changes: dict[str, Any] = {}
-    world_size = batch["source"]["world_size"]
+    world_size = max(batch["source"]["world_size"] for batch in batches)
     if world_size > place.world_size:
         changes["world_size"] = Greatest(F("world_size"), Value(world_size))
-    if steps["ts"] or gpus["ts"] or event_times:
-        latest = _when(max(max(steps["ts"], default=0), max(gpus["ts"], default=0),
-                           max(event_times, default=0)))
-        earliest = _when(min(min(steps["ts"], default=math.inf), min(gpus["ts"], default=math.inf),
-                             min(event_times, default=math.inf)))
+    if times:
+        latest, earliest = _when(max(times)), _when(min(times))
         if place.last_seen_at is None or latest > place.last_seen_at:
             changes["last_seen_at"] = Greatest(Coalesce(F("last_seen_at"), Value(latest)),
                                                Value(latest))
         if place.first_seen_at is None or earliest < place.first_seen_at:
             changes["first_seen_at"] = Least(Coalesce(F("first_seen_at"), Value(earliest)),
                                              Value(earliest))
-    if steps["step"]:
-        last = max(steps["step"])
-        if place.last_step is None or last > place.last_step:
-            changes["last_step"] = Greatest(Coalesce(F("last_step"), Value(last)), Value(last))
+    last = max((max(batch["steps"]["step"]) for batch in batches if batch["steps"]["step"]),
+               default=None)
+    if last is not None and (place.last_step is None or last > place.last_step):
+        changes["last_step"] = Greatest(Coalesce(F("last_step"), Value(last)), Value(last))
     if changes:
         Run.objects.filter(pk=place.run_id).update(**changes)
 
-    started = [e["ts"] for e in events if e["kind"] == "start"] or steps["ts"][:1]
+    started = [t for batch in batches for t in
+               ([e["ts"] for e in batch["events"] if e["kind"] == "start"]
+                or batch["steps"]["ts"][:1])]
     if started and (place.started_at is None or place.started_at > _when(min(started))):
         Attempt.objects.filter(pk=place.attempt_id).update(
             started_at=Least(Coalesce(F("started_at"), Value(_when(min(started)))),
                              Value(_when(min(started))))
         )
-    if any(event["kind"] in ("start", "interruption", "finish") for event in events):
-        _apply_status_events(events, place, rank)
+    status = [(event, batch["source"]["rank"]) for batch in batches for event in batch["events"]
+              if event["kind"] in ("start", "interruption", "finish")]
+    if status:
+        _apply_status_events(status, place)
 
 
-def _apply_status_events(events: list[dict[str, Any]], place: Placement, rank: int) -> None:
+def _apply_status_events(events: list[tuple[dict[str, Any], int]], place: Placement) -> None:
+    """Applies start, interruption and finish events (each with the rank that sent it) in time
+    order to the run's and the attempt's status."""
     run = Run.objects.filter(pk=place.run_id)
     attempt = Attempt.objects.filter(pk=place.attempt_id)
     # A start of the newest attempt means the run is going again, whatever it said before.
     newest = Attempt.objects.filter(run_id=place.run_id).order_by("-number").values_list(
         "number", flat=True)[0]
     is_newest = place.attempt_number >= newest
-    for event in sorted(events, key=lambda e: e["ts"]):
+    for event, rank in sorted(events, key=lambda pair: pair[0]["ts"]):
         kind = event["kind"]
         if kind == "start" and is_newest:
             run.update(status=Run.Status.RUNNING)
@@ -344,21 +349,21 @@ _PLACEMENTS_MAX = 10_000
 _PROGRESS = ("run__world_size", "run__first_seen_at", "run__last_seen_at", "run__last_step")
 
 
-def _place_and_claim(project_id: int, batch: dict[str, Any]) -> tuple[Placement, bool]:
-    """The batch's run and attempt (created if new), and whether this delivery claimed the batch
-    id (False: a redelivery, already stored)."""
-    run_info, source = batch["run"], batch["source"]
+def _place_and_claim(project_id: int, batches: list[dict[str, Any]]) -> tuple[Placement, set[str]]:
+    """The run and attempt of ``batches`` (all of one project, run and attempt; created if new),
+    and the ids of the batches this delivery claimed (the others were stored before)."""
+    run_info, source = batches[0]["run"], batches[0]["source"]
     key = (project_id, run_info["name"], run_info["attempt"])
     cached = _placements.get(key)
     if cached is not None:
         if connection.vendor == "postgresql":
-            found = _check_and_claim(key, cached, batch)
+            found = _check_and_claim(key, cached, batches)
             if found is not None:
                 return found
         else:
             place = _check(key, cached)
             if place is not None:
-                return place, _claim(batch, place.run_id)
+                return place, _claim(batches, place.run_id)
         _placements.pop(key, None)
     run, _ = Run.objects.get_or_create(
         project_id=project_id, name=run_info["name"],
@@ -370,7 +375,7 @@ def _place_and_claim(project_id: int, batch: dict[str, Any]) -> tuple[Placement,
     _placements[key] = (run.pk, attempt.pk)
     place = Placement(run.pk, attempt.pk, attempt.number, attempt.started_at, bool(run.config),
                       run.world_size, run.first_seen_at, run.last_seen_at, run.last_step)
-    return place, _claim(batch, run.pk)
+    return place, _claim(batches, run.pk)
 
 
 def _check(key: tuple[int, str, int], cached: tuple[int, int]) -> Placement | None:
@@ -391,91 +396,150 @@ WITH place AS (
     FROM {attempt} a JOIN {run} r ON r.id = a.run_id
     WHERE a.id = %s AND r.id = %s AND a.number = %s AND r.project_id = %s AND r.name = %s
 ), claimed AS (
-    INSERT INTO {batch} ({columns}) SELECT {values} WHERE EXISTS (SELECT FROM place)
-    ON CONFLICT (batch_id) DO NOTHING RETURNING 1
+    INSERT INTO {batch} ({columns}) SELECT * FROM (VALUES {rows}) AS v
+    WHERE EXISTS (SELECT FROM place)
+    ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id
 )
-SELECT place.*, EXISTS (SELECT FROM claimed) FROM place
+SELECT place.*, ARRAY(SELECT batch_id::text FROM claimed) FROM place
 """
 
 
 def _check_and_claim(key: tuple[int, str, int], cached: tuple[int, int],
-                     batch: dict[str, Any]) -> tuple[Placement, bool] | None:
+                     batches: list[dict[str, Any]]) -> tuple[Placement, set[str]] | None:
     """_check and _claim in one statement (PostgreSQL): the steady state of a run's batches costs
     one round trip before the rows. None when the cached rows are gone (nothing claimed then)."""
-    columns, values = _claim_values(batch, cached[0])
+    columns, rows, params = _claim_rows(batches, cached[0])
     sql = _PG_CHECK_AND_CLAIM.format(
         attempt=Attempt._meta.db_table, run=Run._meta.db_table,
-        batch=IngestedBatch._meta.db_table, columns=", ".join(columns),
-        values=", ".join(["%s"] * len(values)))
+        batch=IngestedBatch._meta.db_table, columns=", ".join(columns), rows=rows)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [cached[1], cached[0], key[2], key[0], key[1], *values])
+        cursor.execute(sql, [cached[1], cached[0], key[2], key[0], key[1], *params])
         found = cursor.fetchone()
     if found is None:
         return None
     *progress, claimed = found
-    return Placement(cached[0], cached[1], key[2], *progress), claimed
+    return Placement(cached[0], cached[1], key[2], *progress), set(claimed)
 
 
-def _claim_values(batch: dict[str, Any], run_id: int) -> tuple[list[str], list[Any]]:
-    """IngestedBatch's columns and the batch's values for them, as the database takes them."""
-    source = batch["source"]
-    row = IngestedBatch(
-        batch_id=batch["batch_id"], run_id=run_id, rank=source["rank"], host=source["host"],
-        local_rank=source.get("local_rank"), steps=len(batch["steps"]["step"]),
-        gpu_samples=len(batch["gpus"]["ts"]), events=len(batch["events"]),
-    )
+def _claim_rows(batches: list[dict[str, Any]], run_id: int) -> tuple[list[str], str, list[Any]]:
+    """IngestedBatch's columns, a VALUES list with a typed placeholder per field (a NULL in a
+    VALUES list would otherwise be text), and the batches' values for them."""
     fields = IngestedBatch._meta.concrete_fields
+    if connection.vendor == "postgresql":
+        row = "(" + ", ".join(f"%s::{field.db_type(connection)}" for field in fields) + ")"
+    else:
+        row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    params = []
+    for batch in batches:
+        source = batch["source"]
+        stored = IngestedBatch(
+            batch_id=batch["batch_id"], run_id=run_id, rank=source["rank"], host=source["host"],
+            local_rank=source.get("local_rank"), steps=len(batch["steps"]["step"]),
+            gpu_samples=len(batch["gpus"]["ts"]), events=len(batch["events"]),
+        )
+        params += [field.get_db_prep_save(getattr(stored, field.attname), connection)
+                   for field in fields]
     return ([connection.ops.quote_name(field.column) for field in fields],
-            [field.get_db_prep_save(getattr(row, field.attname), connection) for field in fields])
+            ", ".join([row] * len(batches)), params)
 
 
-def _claim(batch: dict[str, Any], run_id: int) -> bool:
-    """Records the batch id; False when it was already there (a redelivery). One INSERT ... ON
-    CONFLICT DO NOTHING rather than a savepoint around a create: a round trip instead of three."""
-    columns, values = _claim_values(batch, run_id)
+def _claim(batches: list[dict[str, Any]], run_id: int) -> set[str]:
+    """Records the batch ids; returns those that were not there yet (the rest are redeliveries).
+    One INSERT ... ON CONFLICT DO NOTHING rather than a savepoint around each create."""
+    columns, rows, params = _claim_rows(batches, run_id)
     quote = connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {quote(IngestedBatch._meta.db_table)} ({', '.join(columns)}) "
-            f"VALUES ({', '.join(['%s'] * len(values))}) "
+            f"VALUES {rows} "
             f"ON CONFLICT ({quote('batch_id')}) DO NOTHING RETURNING {quote('batch_id')}",
-            values,
+            params,
         )
-        return cursor.fetchone() is not None
+        return {str(uuid.UUID(str(found))) for (found,) in cursor.fetchall()}
 
 
 def store_batch(batch: dict[str, Any], project_id: int) -> StoreResult:
     """Writes a validated batch for ``project_id`` in one transaction, once per batch id, with the
     rollups of its rows (collectors.rollups)."""
-    run_info, source = batch["run"], batch["source"]
-    rank, host = source["rank"], source["host"]
-    events = batch["events"]
-    partitions.ensure_for_batch(batch)  # the days this batch touches; a no-op once they exist
-    with transaction.atomic():
-        place, claimed = _place_and_claim(project_id, batch)
-        run_id, attempt_id = place.run_id, place.attempt_id
-        if not claimed:
-            log.info("batch %s was already stored; skipping the redelivery", batch["batch_id"])
-            return StoreResult(stored=False, run_id=run_id)
+    return store_batches([(batch, project_id)])[0]
 
-        step_table, step_groups = _step_table(batch["steps"], run_id, attempt_id, rank)
-        gpu_table, gpu_groups = _gpu_table(batch["gpus"], run_id, attempt_id, host)
-        bulk_write.write(StepMetric, step_table)
-        bulk_write.write(GpuSample, gpu_table)
-        bulk_write.write(Event, _event_table(events, run_id, attempt_id, rank, host))
-        rollups.add(run_id, rank, host, step_groups, gpu_groups)
-        checkpoints = _checkpoints(batch, run_id, attempt_id, rank)
-        if checkpoints:
-            Checkpoint.objects.bulk_create(checkpoints)
+
+def store_batches(items: list[tuple[dict[str, Any], int]]) -> list[StoreResult]:
+    """Writes validated batches, each with the id of the project it was authorized for, in one
+    transaction, each once per batch id (a redelivered one writes nothing), with the rollups of
+    their rows. One COPY per table and one rollup statement for all of them: what a statement
+    costs whatever its size is paid once for the lot (bench/README.md, "End-to-end ingest").
+    Returns one result per item, in order."""
+    for batch, _ in items:
+        partitions.ensure_for_batch(batch)  # the days a batch touches; a no-op once they exist
+    results: list[StoreResult | None] = [None] * len(items)
+    by_attempt: dict[tuple[int, str, int], list[int]] = {}
+    for i, (batch, project_id) in enumerate(items):
+        by_attempt.setdefault((project_id, batch["run"]["name"], batch["run"]["attempt"]),
+                              []).append(i)
+    with transaction.atomic():
+        stored: list[tuple[int, Placement]] = []
+        for indexes in by_attempt.values():
+            # The same batch twice in one delivery (a redelivery beside its original): once.
+            first = {}
+            for i in indexes:
+                first.setdefault(str(uuid.UUID(str(items[i][0]["batch_id"]))), i)
+            unique = list(first.values())
+            place, claimed = _place_and_claim(items[unique[0]][1], [items[i][0] for i in unique])
+            for i in indexes:
+                batch_id = str(uuid.UUID(str(items[i][0]["batch_id"])))
+                if batch_id in claimed and first[batch_id] == i:
+                    stored.append((i, place))
+                else:
+                    log.info("batch %s was already stored; skipping the redelivery", batch_id)
+                    results[i] = StoreResult(stored=False, run_id=place.run_id)
+        if stored:
+            _write_rows([(items[i][0], place) for i, place in stored])
+        for i, place in stored:
+            batch = items[i][0]
+            results[i] = StoreResult(stored=True, run_id=place.run_id,
+                                     steps=len(batch["steps"]["step"]),
+                                     gpu_samples=len(batch["gpus"]["ts"]),
+                                     events=len(batch["events"]))
+    return results
+
+
+def _write_rows(stored: list[tuple[dict[str, Any], Placement]]) -> None:
+    """The claimed batches' rows, rollups, checkpoints and interruptions, and what they say of
+    their run's progress and status (in the caller's transaction)."""
+    step_tables, gpu_tables, event_tables, parts, checkpoints = [], [], [], [], []
+    for batch, place in stored:
+        rank, host = batch["source"]["rank"], batch["source"]["host"]
+        step_table, step_groups = _step_table(batch["steps"], place.run_id, place.attempt_id, rank)
+        gpu_table, gpu_groups = _gpu_table(batch["gpus"], place.run_id, place.attempt_id, host)
+        step_tables.append(step_table)
+        gpu_tables.append(gpu_table)
+        event_tables.append(_event_table(batch["events"], place.run_id, place.attempt_id, rank,
+                                         host))
+        parts.append(rollups.Part(place.run_id, rank, host, step_groups, gpu_groups))
+        checkpoints += _checkpoints(batch, place.run_id, place.attempt_id, rank)
+    bulk_write.write_many(StepMetric, step_tables)
+    bulk_write.write_many(GpuSample, gpu_tables)
+    bulk_write.write_many(Event, event_tables)
+    rollups.add_many(parts)
+    if checkpoints:
+        Checkpoint.objects.bulk_create(checkpoints)
+
+    by_place: dict[int, tuple[Placement, list[dict[str, Any]]]] = {}
+    for batch, place in stored:
+        by_place.setdefault(place.attempt_id, (place, []))[1].append(batch)
+        events = batch["events"]
         if any(event["kind"] == "interruption" for event in events):
             # After the events are written: an interruption's evidence includes this batch's XIDs.
-            record_interruptions(Run.objects.get(pk=run_id), Attempt.objects.get(pk=attempt_id),
-                                 rank, host, events)
-            transaction.on_commit(lambda: _evaluate_alerts(run_id))
-
-        if run_info.get("config") and not place.has_config:
+            run_id = place.run_id
+            record_interruptions(Run.objects.get(pk=run_id),
+                                 Attempt.objects.get(pk=place.attempt_id),
+                                 batch["source"]["rank"], batch["source"]["host"], events)
+            transaction.on_commit(lambda run_id=run_id: _evaluate_alerts(run_id))
+    for place, batches in by_place.values():
+        config = next((batch["run"]["config"] for batch in batches if batch["run"].get("config")),
+                      None)
+        if config and not place.has_config:
             # Only while the run has none: the first batch that carries one sets it.
-            Run.objects.filter(pk=run_id, config={}).update(config=run_info["config"])
-        _update_run_and_attempt(batch, place, rank)
-    return StoreResult(stored=True, run_id=run_id, steps=step_table.length,
-                       gpu_samples=gpu_table.length, events=len(events))
+            Run.objects.filter(pk=place.run_id, config={}).update(config=config)
+        _update_run_and_attempt(batches, place)

@@ -52,7 +52,7 @@ GPU_VALUES = (("samples", ADD), ("temp_n", ADD), ("temp_sum", ADD), ("temp_max",
               ("clock_min", MIN), ("throttled", ADD), ("throttle_bits", OR))
 
 # PostgreSQL array types of the per-group columns, for the unnest() upsert.
-_PG_TYPES = {"rank": "int8", "gpu": "int8", "minute": "int8", "last_step": "int8",
+_PG_TYPES = {"host": "text", "rank": "int8", "gpu": "int8", "minute": "int8", "last_step": "int8",
              "tokens": "int8", "throttle_bits": "int8", "duration_max": "float8",
              "duration_sum": "float8", "loss_sum": "float8", "temp_sum": "float8",
              "temp_max": "float8", "power_sum": "float8", "power_min": "float8",
@@ -147,12 +147,32 @@ def gpu_groups(ts_micros: np.ndarray, gpu: np.ndarray, temp: np.ndarray, power: 
 
 def add(run_id: int, rank: int, host: str, steps: Groups, gpus: Groups) -> None:
     """Merges one batch's aggregates (a rank's steps, its host's GPU samples) into StepMinute and
-    GpuMinute. Call inside the batch's transaction. On PostgreSQL both upserts travel as one
-    statement (two data-modifying CTEs): one round trip per batch, however many minutes."""
-    upserts = [
-        (STEP_TABLE, STEP_KEY, STEP_VALUES, {"run_id": run_id, "rank": rank}, steps),
-        (GPU_TABLE, GPU_KEY, GPU_VALUES, {"run_id": run_id, "host": host}, gpus),
-    ]
+    GpuMinute. Call inside the batch's transaction."""
+    add_many([Part(run_id, rank, host, steps, gpus)])
+
+
+@dataclass(frozen=True)
+class Part:
+    """One batch's aggregates and whose they are: a rank's steps, its host's GPU samples."""
+
+    run_id: int
+    rank: int
+    host: str
+    steps: Groups
+    gpus: Groups
+
+
+def add_many(parts: list[Part]) -> None:
+    """Merges several batches' aggregates into StepMinute and GpuMinute, in the transaction that
+    writes their rows. Groups with the same key (a rank's minute split over two batches) are
+    merged here first: one upsert may not touch a row twice. On PostgreSQL both upserts travel as
+    one statement (two data-modifying CTEs): one round trip however many batches and minutes."""
+    steps = _merged(STEP_KEY, STEP_VALUES, [({"run_id": p.run_id, "rank": p.rank}, p.steps)
+                                            for p in parts])
+    gpus = _merged(GPU_KEY, GPU_VALUES, [({"run_id": p.run_id, "host": p.host}, p.gpus)
+                                         for p in parts])
+    upserts = [(STEP_TABLE, STEP_KEY, STEP_VALUES, {}, steps),
+               (GPU_TABLE, GPU_KEY, GPU_VALUES, {}, gpus)]
     upserts = [upsert for upsert in upserts if len(upsert[-1])]
     if not upserts:
         return
@@ -167,10 +187,71 @@ def add(run_id: int, rank: int, host: str, steps: Groups, gpus: Groups) -> None:
         else:
             for upsert in upserts:
                 _sqlite_upsert(cursor, *upsert)
-    if len(gpus):
-        _derive(run_id, host, gpus.columns["minute"], gpus.columns["gpu"])
-    if len(steps):
-        step_quarters.derive([(run_id, rank, steps.columns["minute"])])
+    touched: dict[tuple[int, str], tuple[list, list]] = {}
+    for part in parts:
+        if len(part.gpus):
+            minutes, gpus_of = touched.setdefault((part.run_id, part.host), ([], []))
+            minutes += part.gpus.columns["minute"]
+            gpus_of += part.gpus.columns["gpu"]
+    for (run_id, host), (minutes, gpus_of) in sorted(touched.items()):
+        _derive(run_id, host, minutes, gpus_of)
+    step_quarters.derive((part.run_id, part.rank, part.steps.columns["minute"])
+                         for part in parts if len(part.steps))
+
+
+def _merged(key: tuple[str, ...], values: tuple[tuple[str, str], ...],
+            parts: list[tuple[dict, Groups]]) -> Groups:
+    """The parts' groups as one set of columns, key columns included, one row per distinct key
+    (sorted, so concurrent workers lock rows in the same order), merged as ``values`` say."""
+    parts = [(constants, groups) for constants, groups in parts if len(groups)]
+    if not parts:
+        return Groups({})
+    lengths = [len(groups) for _, groups in parts]
+    # Hosts are strings: keyed by their index in a sorted list, which keeps the sort order.
+    hosts = sorted({constants["host"] for constants, _ in parts if "host" in constants})
+    host_index = {host: i for i, host in enumerate(hosts)}
+    key_columns = []
+    for name in key:
+        if name in parts[0][0]:
+            column = [constants[name] for constants, _ in parts]
+            if name == "host":
+                column = [host_index[host] for host in column]
+            key_columns.append(np.repeat(np.asarray(column, dtype=np.int64), lengths))
+        else:
+            key_columns.append(np.concatenate([np.asarray(groups.columns[name], dtype=np.int64)
+                                               for _, groups in parts]))
+    # Sorted by the whole key even for one batch: every transaction then locks rows in one order.
+    unique, inverse = np.unique(np.stack(key_columns, axis=1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    merged: dict[str, list] = {}
+    for i, name in enumerate(key):
+        column = unique[:, i]
+        merged[name] = [hosts[j] for j in column.tolist()] if name == "host" else column.tolist()
+    for name, how in values:
+        raw = [value for _, groups in parts for value in groups.columns[name]]
+        merged[name] = _combine(raw, inverse, len(unique), how)
+    return Groups(merged)
+
+
+def _combine(raw: list, inverse: np.ndarray, n: int, how: str) -> list:
+    """One merged value per key from the parts' values (None is null) as ``how`` merges."""
+    if how == OR:
+        out = np.zeros(n, dtype=np.int64)
+        np.bitwise_or.at(out, inverse, np.asarray(raw, dtype=np.int64))
+        return out.tolist()
+    values = np.asarray(raw, dtype=np.float64 if None in raw else None)
+    if how == ADD:
+        out = np.zeros(n, dtype=values.dtype)
+        np.add.at(out, inverse, values)
+        return out.tolist()
+    if values.dtype.kind in "iu":
+        out = np.full(n, np.iinfo(np.int64).min if how == MAX else np.iinfo(np.int64).max)
+        (np.maximum if how == MAX else np.minimum).at(out, inverse, values)
+        return out.tolist()
+    # fmax/fmin skip NaN (a null): a key whose every value is null stays null.
+    out = np.full(n, np.nan)
+    (np.fmax if how == MAX else np.fmin).at(out, inverse, values.astype(np.float64))
+    return [None if v != v else v for v in out.tolist()]
 
 
 def add_steps(run_id: int, rank: int, groups: Groups) -> None:
@@ -218,10 +299,16 @@ def _pg_upsert(table: str, key: tuple[str, ...], values: tuple[tuple[str, str], 
 
 
 def _array_literal(values: list) -> str:
-    """A column of numbers as PostgreSQL's array text ('{1,2.5,NULL}'), cast by the statement:
-    one string to quote instead of a list adapted value by value (a sixth of a batch's CPU). A
-    float's repr reads back as the same float8."""
-    return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
+    """A column of numbers (or strings) as PostgreSQL's array text ('{1,2.5,NULL}'), cast by the
+    statement: one string to quote instead of a list adapted value by value (a sixth of a batch's
+    CPU). A float's repr reads back as the same float8."""
+    return "{" + ",".join("NULL" if v is None else _quoted(v) if isinstance(v, str) else repr(v)
+                          for v in values) + "}"
+
+
+def _quoted(text: str) -> str:
+    """An array element of text: double-quoted, with backslash and double quote escaped."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _sqlite_upsert(cursor, table: str, key: tuple[str, ...], values: tuple[tuple[str, str], ...],
