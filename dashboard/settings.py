@@ -149,7 +149,14 @@ CELERY_TASK_ROUTES = {"collectors.ingest_batch": {"queue": "ingest"}}
 # unique batch id makes the second write a no-op.
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=4)
+# A worker stores the batches it received together in one transaction (collectors.drain): up to
+# RUNWATCH_INGEST_DRAIN_MAX of them, or what came within RUNWATCH_INGEST_DRAIN_WAIT_S of the first.
+# 1 stores each batch in a transaction of its own. bench/README.md has the measurements.
+RUNWATCH_INGEST_DRAIN_MAX = env.int("RUNWATCH_INGEST_DRAIN_MAX", default=32)
+RUNWATCH_INGEST_DRAIN_WAIT_S = env.float("RUNWATCH_INGEST_DRAIN_WAIT_S", default=0.25)
+# Unacknowledged messages a worker may hold, per pool process. Draining needs room for a full
+# drain per pool process plus the one being gathered: at least DRAIN_MAX * (1 + 1/concurrency).
+CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=64)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Longer than any batch write; an unacked message is redelivered after this.

@@ -1,0 +1,148 @@
+"""A Celery task that a worker runs once for every few messages it has received, not once per
+message: the ingest task stores the batches that arrived together in one transaction, so the fixed
+cost of a transaction (a round trip per statement, the COPY set-up, the commit) is paid once for
+up to ``drain_max`` batches instead of once each (bench/README.md, "End-to-end ingest").
+
+How: ``start_strategy`` (Celery's hook for how a worker handles a task's messages) buffers the
+requests in the worker's main process instead of sending each to the pool; the buffer goes to one
+pool process when it holds ``drain_max`` requests or ``drain_wait_s`` after its first one. Each
+message keeps its own fate: it is acknowledged once its batch is stored or refused, put back in
+the queue (``reject(requeue=True)``) when the pool process died or the database stayed down, and
+a message nobody acknowledged (the whole worker died) is delivered again by the broker, as with
+``acks_late``. ``drain_max`` of 1 or less gives Celery's own strategy: one task per message.
+
+celery-batches does the same in general but pins Celery below 5.7, and acknowledges every message
+of a batch whatever became of it, so a pool process killed mid-batch would lose its messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Task, signals
+from celery.utils.imports import symbol_by_name
+from celery.worker.request import create_request_cls
+from celery.worker.strategy import hybrid_to_proto2, proto1_to_proto2
+from kombu.serialization import loads, prepare_accept_content
+
+log = logging.getLogger(__name__)
+
+# One drained message as the pool process receives it: (message id, body, content type,
+# content encoding, whether the body is decoded already).
+Drained = tuple[str, Any, str, str, bool]
+
+
+class DrainedTask(Task):
+    """A task whose worker hands ``drain(messages, undecodable)`` the messages received together:
+    (message id, args, kwargs) of each, and (message id, why) of those that could not be decoded.
+    It returns the ids to put back in the queue; every other message is acknowledged. Called
+    directly (``task(...)``) it runs ``run`` as any task."""
+
+    abstract = True
+    drain_max = 32
+    drain_wait_s = 0.25
+
+    def drain(self, messages: list[tuple[str, tuple, dict]],
+              undecodable: list[tuple[str, str]]) -> list[str]:
+        raise NotImplementedError
+
+    def start_strategy(self, app, consumer, **kwargs):
+        if self.drain_max <= 1:
+            return super().start_strategy(app, consumer, **kwargs)
+        return _DrainStrategy(self, app, consumer).on_message
+
+
+class _DrainStrategy:
+    """The worker main process's side: buffers requests, sends each full or timed-out buffer to
+    the pool, and acknowledges or requeues each message when the pool answers."""
+
+    def __init__(self, task: DrainedTask, app, consumer):
+        self.task, self.app, self.consumer = task, app, consumer
+        self.pool = consumer.pool
+        self.Request = create_request_cls(symbol_by_name(task.Request), task, consumer.pool,
+                                          consumer.hostname, consumer.event_dispatcher, app=app)
+        self.buffer: list = []
+        self.lock = threading.Lock()  # the consumer's thread and the timer's (non-hub pools)
+        self.timer_entry = None
+
+    def on_message(self, message, body, ack, reject, callbacks, **_kwargs) -> None:
+        if body is None and "args" not in message.payload:
+            body, headers, decoded, utc = (message.body, message.headers, False,
+                                           self.app.uses_utc_timezone())
+        elif "args" in message.payload:
+            body, headers, decoded, utc = hybrid_to_proto2(message, message.payload)
+        else:
+            body, headers, decoded, utc = proto1_to_proto2(message, body)
+        request = self.Request(
+            message, on_ack=ack, on_reject=reject, app=self.app, hostname=self.consumer.hostname,
+            eventer=self.consumer.event_dispatcher, task=self.task,
+            connection_errors=self.consumer.connection_errors, body=body, headers=headers,
+            decoded=decoded, utc=utc,
+        )
+        signals.task_received.send(sender=self.consumer, request=request)
+        with self.lock:
+            self.buffer.append(request)
+            full = len(self.buffer) >= self.task.drain_max
+            if not full and self.timer_entry is None:
+                self.timer_entry = self.consumer.timer.call_after(self.task.drain_wait_s,
+                                                                   self.flush)
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            requests, self.buffer = self.buffer, []
+            if self.timer_entry is not None:
+                self.timer_entry.cancel()
+                self.timer_entry = None
+        if not requests:
+            return
+        # The body goes to the pool process as it came (bytes pickle cheaply); it is decoded there,
+        # as Celery's own strategy does, so this process only moves messages.
+        messages = [(r.id, r.body, r.content_type, r.content_encoding, r._decoded)
+                    for r in requests]
+
+        def on_return(requeue: list[str] | None) -> None:
+            back = set(requeue or ())
+            for request in requests:
+                if request.id in back:
+                    request.reject(requeue=True)
+                else:
+                    request.acknowledge()
+
+        def on_error(error) -> None:
+            # The pool process died (a SIGKILL, the OOM killer) or the drain raised: nothing of
+            # this buffer is known to be stored, so all of it goes back for another worker.
+            log.error("%d messages of %s go back to the queue: %r", len(requests), self.task.name,
+                      getattr(error, "exception", error))
+            for request in requests:
+                request.reject(requeue=True)
+
+        self.pool.apply_async(run_drained, (self.task.name, messages), callback=on_return,
+                              error_callback=on_error)
+
+
+def run_drained(task_name: str, messages: list[Drained]) -> list[str]:
+    """In the pool process: decodes the messages and runs the task's ``drain`` on them, between
+    the prerun and postrun signals (the database connection handling hangs on those)."""
+    from celery import current_app
+
+    task = current_app.tasks[task_name]
+    accept = prepare_accept_content(current_app.conf.accept_content)
+    decoded, undecodable = [], []
+    for message_id, body, content_type, content_encoding, is_decoded in messages:
+        try:
+            payload = body if is_decoded else loads(body, content_type, content_encoding,
+                                                    accept=accept)
+            args, kwargs = payload[0], payload[1]
+            decoded.append((message_id, tuple(args), dict(kwargs)))
+        except Exception as error:  # a message no retry can read: refused, not requeued
+            undecodable.append((message_id, f"the message could not be decoded: {error!r}"))
+    signals.task_prerun.send(sender=task, task_id=messages[0][0], task=task, args=(), kwargs={})
+    try:
+        return task.drain(decoded, undecodable)
+    finally:
+        signals.task_postrun.send(sender=task, task_id=messages[0][0], task=task, args=(),
+                                  kwargs={}, retval=None, state=None)
