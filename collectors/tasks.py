@@ -132,6 +132,9 @@ def store_drained(messages: list[tuple[str, Any, str | None]]) -> list[str]:
     for attempt, delay in enumerate((*DRAIN_RETRY_DELAYS_S, None)):
         try:
             _store_drained_once(messages, checked)
+            refused = sum("rejected" in found for found in checked.values())
+            log.info("drained %d ingest messages in one transaction (%d refused)", len(messages),
+                     refused)
             return []
         except TRANSIENT_ERRORS as error:
             connection.close()  # a broken session is not reused by the next try

@@ -113,3 +113,24 @@ def test_broker_batch_with_a_foreign_token_is_dead_lettered_not_written(celery_w
                         what="the rejection to be recorded")
     assert "cannot write into project 'llm'" in rejected.reason
     assert not Run.objects.filter(name="trespass").exists()
+
+
+def test_batches_queued_together_are_stored_together_and_a_refused_one_sinks_none(
+        celery_worker_process, broker_url, token):
+    app = Celery(broker=broker_url, set_as_current=False)
+    batches = [step_batch(run="drained", rank=rank, world_size=24, count=10) for rank in range(24)]
+    bad = step_batch(run="drained", rank=99, count=3)
+    bad["steps"]["step"][1] = "eleven"
+    for batch in batches[:12] + [bad] + batches[12:]:
+        app.send_task("collectors.ingest_batch", args=[batch], kwargs={"token": token},
+                      queue="ingest")
+
+    wait_for(lambda: stored_steps("drained") == 240, what="the 24 good batches stored")
+    assert RejectedBatch.objects.filter(batch_id=bad["batch_id"]).exists()
+    assert IngestedBatch.objects.filter(run__name="drained").count() == 24
+    drains = [int(line.split("drained ")[1].split()[0])
+              for line in celery_worker_process.output().splitlines()
+              if "ingest messages in one" in line]
+    # Sent back to back, the 25 messages reach the worker faster than it stores one: most of them
+    # share a transaction with others.
+    assert max(drains) > 1, drains
