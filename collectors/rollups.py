@@ -46,13 +46,15 @@ GPU_TABLE = "collectors_gpuminute"
 HOST_TABLE = "collectors_hostminute"
 HOUR_TABLE = "collectors_gpuhour"
 GPU_KEY = ("run_id", "host", "gpu", "minute")
+HOUR_KEY = ("run_id", "host", "gpu", "hour")
 GPU_VALUES = (("samples", ADD), ("temp_n", ADD), ("temp_sum", ADD), ("temp_max", MAX),
               ("power_n", ADD), ("power_sum", ADD), ("power_min", MIN), ("power_max", MAX),
               ("util_n", ADD), ("util_sum", ADD), ("clock_n", ADD), ("clock_sum", ADD),
               ("clock_min", MIN), ("throttled", ADD), ("throttle_bits", OR))
 
 # PostgreSQL array types of the per-group columns, for the unnest() upsert.
-_PG_TYPES = {"host": "text", "rank": "int8", "gpu": "int8", "minute": "int8", "last_step": "int8",
+_PG_TYPES = {"host": "text", "rank": "int8", "gpu": "int8", "minute": "int8", "hour": "int8",
+             "last_step": "int8",
              "tokens": "int8", "throttle_bits": "int8", "duration_max": "float8",
              "duration_sum": "float8", "loss_sum": "float8", "temp_sum": "float8",
              "temp_max": "float8", "power_sum": "float8", "power_min": "float8",
@@ -163,16 +165,20 @@ class Part:
 
 
 def add_many(parts: list[Part]) -> None:
-    """Merges several batches' aggregates into StepMinute and GpuMinute, in the transaction that
-    writes their rows. Groups with the same key (a rank's minute split over two batches) are
-    merged here first: one upsert may not touch a row twice. On PostgreSQL both upserts travel as
-    one statement (two data-modifying CTEs): one round trip however many batches and minutes."""
+    """Merges several batches' aggregates into StepMinute, GpuMinute and GpuHour, in the
+    transaction that writes their rows, then recomputes the HostMinute rows they touched. Groups
+    with the same key (a rank's minute split over two batches, a GPU's minutes of one hour) are
+    merged here first: one upsert may not touch a row twice. On PostgreSQL the upserts travel as
+    one statement (data-modifying CTEs): one round trip however many batches and minutes."""
     steps = _merged(STEP_KEY, STEP_VALUES, [({"run_id": p.run_id, "rank": p.rank}, p.steps)
                                             for p in parts])
     gpus = _merged(GPU_KEY, GPU_VALUES, [({"run_id": p.run_id, "host": p.host}, p.gpus)
                                          for p in parts])
+    hours = _merged(HOUR_KEY, GPU_VALUES, [({"run_id": p.run_id, "host": p.host}, _by_hour(p.gpus))
+                                           for p in parts])
     upserts = [(STEP_TABLE, STEP_KEY, STEP_VALUES, {}, steps),
-               (GPU_TABLE, GPU_KEY, GPU_VALUES, {}, gpus)]
+               (GPU_TABLE, GPU_KEY, GPU_VALUES, {}, gpus),
+               (HOUR_TABLE, HOUR_KEY, GPU_VALUES, {}, hours)]
     upserts = [upsert for upsert in upserts if len(upsert[-1])]
     if not upserts:
         return
@@ -187,16 +193,20 @@ def add_many(parts: list[Part]) -> None:
         else:
             for upsert in upserts:
                 _sqlite_upsert(cursor, *upsert)
-    touched: dict[tuple[int, str], tuple[list, list]] = {}
-    for part in parts:
-        if len(part.gpus):
-            minutes, gpus_of = touched.setdefault((part.run_id, part.host), ([], []))
-            minutes += part.gpus.columns["minute"]
-            gpus_of += part.gpus.columns["gpu"]
-    for (run_id, host), (minutes, gpus_of) in sorted(touched.items()):
-        _derive(run_id, host, minutes, gpus_of)
+    if len(gpus):
+        _derive_host_minutes(gpus.columns["run_id"], gpus.columns["host"], gpus.columns["minute"])
     step_quarters.derive((part.run_id, part.rank, part.steps.columns["minute"])
                          for part in parts if len(part.steps))
+
+
+def _by_hour(gpus: Groups) -> Groups:
+    """A batch's per-(GPU, minute) groups keyed by the UTC hour instead of the minute (merged
+    into one group per GPU and hour by _merged)."""
+    if not len(gpus):
+        return gpus
+    columns = dict(gpus.columns)
+    columns["hour"] = [minute - minute % 3600 for minute in columns.pop("minute")]
+    return Groups(columns)
 
 
 def _merged(key: tuple[str, ...], values: tuple[tuple[str, str], ...],
@@ -290,7 +300,8 @@ def _pg_upsert(table: str, key: tuple[str, ...], values: tuple[tuple[str, str], 
     (np.unique), so concurrent workers lock rows in the same order."""
     per_group = [name for name in key if name not in constants] + [name for name, _ in values]
     selected = ", ".join(["%s"] * len(constants) + [
-        f"to_timestamp(u.{name})" if name == "minute" else f"u.{name}" for name in per_group])
+        f"to_timestamp(u.{name})" if name in ("minute", "hour") else f"u.{name}"
+        for name in per_group])
     arrays = ", ".join(f"%s::{_PG_TYPES.get(name, 'int8')}[]" for name in per_group)
     sql = (f"INSERT INTO {table} ({', '.join([*constants, *per_group])}) SELECT {selected} "
            f"FROM unnest({arrays}) AS u({', '.join(per_group)}) "
@@ -333,17 +344,19 @@ def _sqlite_rows(constants: dict, per_group: list[str], groups: Groups) -> list[
     adapt = connection.ops.adapt_datetimefield_value
     columns = [
         [adapt(datetime.fromtimestamp(m, tz=UTC)) for m in groups.columns[name]]
-        if name == "minute" else groups.columns[name]
+        if name in ("minute", "hour") else groups.columns[name]
         for name in per_group
     ]
     return [(*constants.values(), *row) for row in zip(*columns, strict=True)]
 
 
-# --- HostMinute and GpuHour, derived from GpuMinute ---------------------------------------------
+# --- HostMinute, derived from GpuMinute; both rebuilt from it -------------------------------------
 #
-# Both are recomputed from GpuMinute (replace, not merge) for what a batch touched: the host's
-# minutes, and the (GPU, hour)s. Exact however batches split minutes and hours, and idempotent.
-# Only ingest of the same host writes these rows, so workers on different hosts never contend.
+# HostMinute sums each GPU's mean, lowest and highest power of a minute: a GPU's minute split over
+# two batches changes its mean, so the rows a batch touched are recomputed from GpuMinute (replace,
+# not merge), exact however batches split minutes. GpuHour holds only sums, counts, extremes and
+# bits, which merge exactly: ingest upserts it like GpuMinute (add_many). Rebuilds recompute both
+# from GpuMinute (derive_coarse).
 
 _HOST_SELECT = f"""
 SELECT run_id, host, minute, count(*) FILTER (WHERE power_n > 0),
@@ -380,70 +393,46 @@ def _replace(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
 _HOST_UPSERT = _replace(HOST_TABLE, _HOST_COLUMNS, ("run_id", "host", "minute"))
 _HOUR_UPSERT = _replace(HOUR_TABLE, _HOUR_COLUMNS, ("run_id", "host", "gpu", "hour"))
 
-# One statement: both CTEs read GpuMinute as the batch's upsert (an earlier statement of the same
-# transaction) left it. date_trunc follows the session's zone, hence AT TIME ZONE 'UTC' on the
-# hour (an hour of UTC whatever the session says; zones with half-hour offsets exist).
-_PG_DERIVE = f"""
-WITH hosts AS ({_HOST_UPSERT.format(select=_HOST_SELECT.format(where=
-    "WHERE run_id = %(run)s AND host = %(host)s AND minute = ANY(ARRAY("
-    "SELECT to_timestamp(m) FROM unnest(%(minutes)s::int8[]) AS m))"))}),
-hours AS ({_HOUR_UPSERT.format(select=_HOUR_SELECT.replace(
-    "date_trunc('hour', minute)", "(date_trunc('hour', minute AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')"
-).format(where=
-    "g JOIN unnest(%(gpus)s::int8[], %(hours)s::int8[]) AS t(gpu, hour) "
-    "ON g.gpu = t.gpu AND g.minute >= to_timestamp(t.hour) "
-    "AND g.minute < to_timestamp(t.hour + 3600) "
-    "WHERE g.run_id = %(run)s AND g.host = %(host)s").replace(
-    "SELECT run_id, host, gpu,", "SELECT g.run_id, g.host, g.gpu,").replace(
-    "GROUP BY run_id, host, gpu,", "GROUP BY g.run_id, g.host, g.gpu,"))})
-SELECT 1
-"""
+# HostMinute rows of the (run, host, minute)s given, recomputed from GpuMinute as the upsert (an
+# earlier statement of the same transaction) left it: a lookup by the unique index's (run, minute,
+# host) prefix per touched minute. Rows are written in key order, so concurrent workers lock them
+# in one order.
+_PG_HOST_DERIVE = _HOST_UPSERT.format(select=_HOST_SELECT.format(where=
+    "g JOIN unnest(%(runs)s::int8[], %(hosts)s::text[], %(minutes)s::int8[]) AS t(r, h, m) "
+    "ON g.run_id = t.r AND g.minute = to_timestamp(t.m) AND g.host = t.h").replace(
+    "SELECT run_id, host, minute,", "SELECT g.run_id, g.host, g.minute,").replace(
+    "GROUP BY run_id, host, minute", "GROUP BY g.run_id, g.host, g.minute "
+    "ORDER BY g.run_id, g.host, g.minute"))
 
 
-def _derive(run_id: int, host: str, minutes: list, gpus: list) -> None:
-    """Recomputes the HostMinute rows of ``host``'s ``minutes`` (Unix seconds) and the GpuHour
-    rows of the hours those minutes fall in, for the GPUs given, from GpuMinute."""
-    touched_minutes = sorted(set(minutes))
-    touched_hours = sorted({(gpu, minute - minute % 3600)
-                            for gpu, minute in zip(gpus, minutes, strict=True)})
+def _derive_host_minutes(runs: list[int], hosts: list[str], minutes: list[int]) -> None:
+    """Recomputes the HostMinute rows of the (run, host, minute Unix seconds) given, from
+    GpuMinute."""
+    touched = sorted(set(zip(runs, hosts, minutes, strict=True)))
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(_PG_DERIVE, {
-                "run": run_id, "host": host, "minutes": _array_literal(touched_minutes),
-                "gpus": _array_literal([g for g, _ in touched_hours]),
-                "hours": _array_literal([h for _, h in touched_hours])})
+            cursor.execute(_PG_HOST_DERIVE, {
+                "runs": _array_literal([r for r, _, _ in touched]),
+                "hosts": _array_literal([h for _, h, _ in touched]),
+                "minutes": _array_literal([m for _, _, m in touched])})
         return
-    _derive_portably(run_id, host, touched_minutes, touched_hours)
+    by_host: dict[tuple[int, str], list[int]] = {}
+    for run_id, host, minute in touched:
+        by_host.setdefault((run_id, host), []).append(minute)
+    for (run_id, host), host_minutes in by_host.items():
+        _derive_portably(run_id, host, host_minutes)
 
 
-def _derive_portably(run_id: int, host: str, minutes: list[int],
-                     hours: list[tuple[int, int]]) -> None:
+def _derive_portably(run_id: int, host: str, minutes: list[int]) -> None:
     """SQLite (the embedded mode): the same aggregates computed in Python from the touched
     GpuMinute rows, written with update_or_create (a few rows per batch)."""
-    from collectors.models import GpuHour, GpuMinute, HostMinute
+    from collectors.models import GpuMinute, HostMinute
 
-    def when(seconds: int) -> datetime:
-        return datetime.fromtimestamp(seconds, tz=UTC)
-
-    if minutes:
-        rows = GpuMinute.objects.filter(run_id=run_id, host=host,
-                                        minute__in=[when(m) for m in minutes])
-        for minute, values in _host_totals(rows).items():
-            HostMinute.objects.update_or_create(run_id=run_id, host=host, minute=minute,
-                                                defaults=values)
-    if hours:
-        # One range read, the untouched (GPU, hour)s dropped here: a rebuild touches them all.
-        rows = GpuMinute.objects.filter(
-            run_id=run_id, host=host, gpu__in={gpu for gpu, _ in hours},
-            minute__gte=when(min(h for _, h in hours)),
-            minute__lt=when(max(h for _, h in hours) + 3600))
-        touched = {(gpu, when(hour)) for gpu, hour in hours}
-        totals = _hour_totals(rows)
-        for (gpu, hour), values in totals.items():
-            if (gpu, hour) not in touched:
-                continue
-            GpuHour.objects.update_or_create(run_id=run_id, host=host, gpu=gpu, hour=hour,
-                                             defaults=values)
+    rows = GpuMinute.objects.filter(
+        run_id=run_id, host=host, minute__in=[datetime.fromtimestamp(m, tz=UTC) for m in minutes])
+    for minute, values in _host_totals(rows).items():
+        HostMinute.objects.update_or_create(run_id=run_id, host=host, minute=minute,
+                                            defaults=values)
 
 
 def _host_totals(rows) -> dict:
