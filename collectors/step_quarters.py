@@ -71,10 +71,14 @@ ORDER BY 1, 2, 3
 _UPSERT = (f"INSERT INTO {TABLE} ({', '.join(COLUMNS)}) {{select}} "
            f"ON CONFLICT (run_id, rank, quarter) DO UPDATE SET "
            + ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS[3:]))
+# LATERAL (OFFSET 0 keeps it from being flattened into a join) so that each touched quarter is an
+# index range of StepMinute: as a join, a batch of 64 ranks was planned as a hash join over every
+# StepMinute row (0.15 s on the 20M-sample run; 18 ms this way).
 _DERIVE = _UPSERT.format(select=_select(
-    "collectors_stepminute s JOIN unnest(%(runs)s::int8[], %(ranks)s::int8[], "
-    "%(quarters)s::int8[]) AS t(run, rank_, quarter) ON s.run_id = t.run AND s.rank = t.rank_ "
-    f"AND s.minute >= to_timestamp(t.quarter) AND s.minute < to_timestamp(t.quarter + {QUARTER_S})"
+    "unnest(%(runs)s::int8[], %(ranks)s::int8[], %(quarters)s::int8[]) AS t(run, rank_, quarter) "
+    "CROSS JOIN LATERAL (SELECT * FROM collectors_stepminute s WHERE s.run_id = t.run "
+    f"AND s.minute >= to_timestamp(t.quarter) AND s.minute < to_timestamp(t.quarter + {QUARTER_S}) "
+    "AND s.rank = t.rank_ OFFSET 0) s"
 ))
 
 
