@@ -21,6 +21,7 @@ import logging
 import threading
 from typing import Any
 
+import orjson
 from celery import Task, signals
 from celery.utils.imports import symbol_by_name
 from celery.worker.request import create_request_cls
@@ -134,8 +135,8 @@ def run_drained(task_name: str, messages: list[Drained]) -> list[str]:
     decoded, undecodable = [], []
     for message_id, body, content_type, content_encoding, is_decoded in messages:
         try:
-            payload = body if is_decoded else loads(body, content_type, content_encoding,
-                                                    accept=accept)
+            payload = body if is_decoded else _decoded(body, content_type, content_encoding,
+                                                       accept)
             args, kwargs = payload[0], payload[1]
             decoded.append((message_id, tuple(args), dict(kwargs)))
         except Exception as error:  # a message no retry can read: refused, not requeued
@@ -146,3 +147,16 @@ def run_drained(task_name: str, messages: list[Drained]) -> list[str]:
     finally:
         signals.task_postrun.send(sender=task, task_id=messages[0][0], task=task, args=(),
                                   kwargs={}, retval=None, state=None)
+
+
+def _decoded(body: Any, content_type: str, content_encoding: str, accept: set[str]) -> Any:
+    """The message body decoded. JSON (what the plugin and the API send) by orjson where it can:
+    a batch is ~40 KB of numbers, and the standard library's parser took a tenth of a worker's CPU
+    per batch, about four times orjson's. Anything orjson refuses (NaN, integers beyond 64 bits,
+    ...) is decoded by kombu, as it would have been."""
+    if content_type == "application/json" and content_type in accept:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    return loads(body, content_type, content_encoding, accept=accept)
