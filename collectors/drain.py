@@ -65,8 +65,16 @@ class _DrainStrategy:
         self.Request = create_request_cls(symbol_by_name(task.Request), task, consumer.pool,
                                           consumer.hostname, consumer.event_dispatcher, app=app)
         self.buffer: list = []
+        self.in_pool = 0  # messages handed to the pool and not yet acknowledged or requeued
         self.lock = threading.Lock()  # the consumer's thread and the timer's (non-hub pools)
         self.timer_entry = None
+
+    def _cannot_grow(self) -> bool:
+        """Whether the buffer has all the messages the broker will let this worker hold (its
+        prefetch count, less those in the pool): waiting for more would only add latency, and
+        with a prefetch of 1 would cap the worker at one batch per drain wait."""
+        limit = getattr(getattr(self.consumer, "qos", None), "value", 0) or 0
+        return bool(limit) and len(self.buffer) + self.in_pool >= limit
 
     def on_message(self, message, body, ack, reject, callbacks, **_kwargs) -> None:
         if body is None and "task" in (message.headers or {}):
@@ -91,7 +99,7 @@ class _DrainStrategy:
         signals.task_received.send(sender=self.consumer, request=request)
         with self.lock:
             self.buffer.append(request)
-            full = len(self.buffer) >= self.task.drain_max
+            full = len(self.buffer) >= self.task.drain_max or self._cannot_grow()
             if not full and self.timer_entry is None:
                 self.timer_entry = self.consumer.timer.call_after(self.task.drain_wait_s,
                                                                    self.flush)
@@ -104,14 +112,21 @@ class _DrainStrategy:
             if self.timer_entry is not None:
                 self.timer_entry.cancel()
                 self.timer_entry = None
+            self.in_pool += len(requests)
         if not requests:
             return
+
+        def settled() -> None:
+            with self.lock:
+                self.in_pool -= len(requests)
+
         # The body goes to the pool process as it came (bytes pickle cheaply); it is decoded there,
         # as Celery's own strategy does, so this process only moves messages.
         messages = [(r.id, r.body, r.content_type, r.content_encoding, r._decoded)
                     for r in requests]
 
         def on_return(requeue: list[str] | None) -> None:
+            settled()
             back = set(requeue or ())
             for request in requests:
                 if request.id in back:
@@ -122,8 +137,11 @@ class _DrainStrategy:
         def on_error(error) -> None:
             # The pool process died (a SIGKILL, the OOM killer) or the drain raised: nothing of
             # this buffer is known to be stored, so all of it goes back for another worker.
+            cause = getattr(error, "exception", error)  # billiard's ExceptionInfo ...
+            cause = getattr(cause, "exc", cause)  # ... around an ExceptionWithTraceback
             log.error("%d messages of %s go back to the queue: %r", len(requests), self.task.name,
-                      getattr(error, "exception", error))
+                      cause)
+            settled()
             for request in requests:
                 request.reject(requeue=True)
 
