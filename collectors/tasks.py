@@ -50,12 +50,17 @@ class IngestTask(DrainedTask):
         for _, reason in undecodable:
             log.warning("rejected message: %s", reason)
             record_rejection(None, reason, "message")
-        return store_drained([(message_id, *_arguments(*args, **kwargs))
+        return store_drained([(message_id, *_arguments(args, kwargs))
                               for message_id, args, kwargs in messages])
 
 
-def _arguments(batch: Any = None, token: str | None = None, **_unknown: Any) -> tuple[Any, Any]:
-    return batch, token
+def _arguments(args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """(batch, token) of a message, however its sender spread them over args and kwargs; what is
+    missing is None (and refused as such), extra arguments are ignored: a malformed message must
+    not fail the whole drain, which would send it back to the queue again and again."""
+    batch = args[0] if args else kwargs.get("batch")
+    token = args[1] if len(args) > 1 else kwargs.get("token")
+    return batch, token if isinstance(token, str) else None
 
 
 @shared_task(name="collectors.ingest_batch", base=IngestTask, acks_late=True,

@@ -124,8 +124,12 @@ def test_batches_queued_together_are_stored_together_and_a_refused_one_sinks_non
     for batch in batches[:12] + [bad] + batches[12:]:
         app.send_task("collectors.ingest_batch", args=[batch], kwargs={"token": token},
                       queue="ingest")
+    # Malformed messages in the same burst: refused one by one, never the drain as a whole.
+    app.send_task("collectors.ingest_batch", args=["not a batch", token, "extra"], queue="ingest")
+    app.send_task("collectors.ingest_batch", args=[], kwargs={"token": 42}, queue="ingest")
 
-    wait_for(lambda: stored_steps("drained") == 240, what="the 24 good batches stored")
+    wait_for(lambda: stored_steps("drained") == 240 and RejectedBatch.objects.count() == 3,
+             what="the 24 good batches stored and the 3 bad messages refused")
     assert RejectedBatch.objects.filter(batch_id=bad["batch_id"]).exists()
     assert IngestedBatch.objects.filter(run__name="drained").count() == 24
     drains = [int(line.split("drained ")[1].split()[0])
