@@ -188,7 +188,7 @@ def test_embedded_mode_answers_503_when_the_write_fails_so_the_sender_keeps_the_
     def locked(*args, **kwargs):
         raise OperationalError("database is locked")
 
-    monkeypatch.setattr(ingest.bulk_write, "write", locked)
+    monkeypatch.setattr(ingest.bulk_write, "write_many", locked)
 
     response = post(client, step_batch(count=3), token)
 
