@@ -20,23 +20,10 @@ from collectors.models import (
 )
 from tests.batches import step_batch
 from tests.collectors.rollup_data import (
-    GPU_NUMBERS,
-    GPU_SUMS,
-    HOST_NUMBERS,
-    HOST_SUMS,
-    STEP_NUMBERS,
-    STEP_SUMS,
-    T0,
-    assert_same,
-    gpu_aggregates,
-    host_aggregates,
-    hour_aggregates,
-    random_batches,
-    step_aggregates,
-    stored_gpus,
-    stored_hosts,
-    stored_hours,
-    stored_steps,
+    across_the_hour_batches,
+    assert_rollups,
+    expected_rollups,
+    with_redeliveries,
 )
 from trainer_plugin.protocol import validate_batch
 
@@ -51,9 +38,8 @@ def test_batches_stored_in_groups_have_the_rollups_of_their_raw_rows(token):
     groups of 1 to 12: a group holds several ranks, hosts and runs, the same rank's minute split
     over batches, and a batch beside its own redelivery."""
     rng = random.Random(41)
-    batches = random_batches(rng) + random_batches(rng, run="run-h", t0=T0 - 150)
-    deliveries = batches + rng.sample(batches, len(batches) // 3)
-    rng.shuffle(deliveries)
+    batches = across_the_hour_batches(rng)
+    deliveries = with_redeliveries(rng, batches)
     groups = []
     while deliveries:
         size = rng.randint(1, 12)
@@ -68,10 +54,7 @@ def test_batches_stored_in_groups_have_the_rollups_of_their_raw_rows(token):
     for run in Run.objects.filter(name__in=["run-1", "run-h"]):
         assert StepMetric.objects.filter(run=run).count() == 4 * 8 * 50
         assert GpuSample.objects.filter(run=run).count() == 2 * 8 * 80
-        assert_same(stored_steps(run), step_aggregates(run), STEP_NUMBERS, STEP_SUMS)
-        assert_same(stored_gpus(run), gpu_aggregates(run), GPU_NUMBERS, GPU_SUMS)
-        assert_same(stored_hosts(run), host_aggregates(run), HOST_NUMBERS, HOST_SUMS)
-        assert_same(stored_hours(run), hour_aggregates(run), GPU_NUMBERS, GPU_SUMS)
+        assert_rollups(run, expected_rollups(run))
 
 
 def test_each_result_says_whether_its_batch_was_stored(token):
