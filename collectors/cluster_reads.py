@@ -15,13 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from django.db import connection, transaction
-from django.db.models import Max, Min, Sum
+from django.db.models import Max, Min
 
 from collectors.analysis import gpu_health, power
 from collectors.analysis.power import Happening
 from collectors.models import (
     Attempt,
     Checkpoint,
+    ClusterMinute,
     Event,
     GpuHour,
     GpuMinute,
@@ -107,32 +108,31 @@ class MinuteRows:
     samples: np.ndarray  # raw samples per minute (all GPUs)
 
 
-# HostMinute already sums each host's GPUs (Σ of each GPU's mean, min, max power; GPUs with a
-# power sample and their samples): a row per host, not per GPU, per minute.
+# ClusterMinute already sums every host's GPUs (Σ of each GPU's mean, min, max power; GPUs with a
+# power sample and their samples): one row per minute, read along its (run, minute) index. Summing
+# HostMinute per minute instead read 417k rows for 64 hosts over 4.6 days (150-200 ms).
 _MINUTES_SQL = """
-SELECT extract(epoch FROM minute)::float8, sum(power_mean_sum), sum(power_max_sum),
-       sum(power_min_sum), sum(gpus), sum(power_samples)
+SELECT extract(epoch FROM minute)::float8, power_mean_sum, power_max_sum, power_min_sum, gpus,
+       power_samples
 FROM {table}
 WHERE run_id = %(run)s AND gpus > 0
-GROUP BY minute ORDER BY minute
+ORDER BY minute
 """
 
 
 def minute_power(run: Run) -> MinuteRows:
-    """The run's cluster power per minute from HostMinute (mean, upper and lower bound, GPUs)."""
+    """The run's cluster power per minute from ClusterMinute (mean, upper and lower bound,
+    GPUs)."""
     if connection.vendor == "postgresql":
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(_WORK_MEM)
-            cursor.execute(_MINUTES_SQL.format(table=HostMinute._meta.db_table), {"run": run.pk})
+        with connection.cursor() as cursor:
+            cursor.execute(_MINUTES_SQL.format(table=ClusterMinute._meta.db_table),
+                           {"run": run.pk})
             rows = cursor.fetchall()
     else:
         rows = [(m.timestamp(), *rest) for m, *rest in
-                HostMinute.objects.filter(run=run, gpus__gt=0).values("minute")
-                .annotate(mean=Sum("power_mean_sum"), upper=Sum("power_max_sum"),
-                          lower=Sum("power_min_sum"), gpus_=Sum("gpus"),
-                          samples=Sum("power_samples"))
-                .order_by("minute")
-                .values_list("minute", "mean", "upper", "lower", "gpus_", "samples")]
+                ClusterMinute.objects.filter(run=run, gpus__gt=0).order_by("minute")
+                .values_list("minute", "power_mean_sum", "power_max_sum", "power_min_sum",
+                             "gpus", "power_samples")]
     if not rows:
         return MinuteRows(power.minute_power([], [], [], [], []), np.empty(0, dtype=np.int64))
     minute, mean, upper, lower, gpus, samples = (np.array(column, dtype=np.float64)

@@ -15,6 +15,9 @@ merged, so they are exact however batches split minutes and hours. A batch carri
 samples, so two workers storing different hosts never write the same row; two batches of the
 same host's GPUs stored at once in separate transactions could each miss the other's minute
 (the sampler sends a host's GPUs together, from one rank), and ``rebuild`` repairs that.
+ClusterMinute (every host of a run-minute summed) is recomputed from HostMinute last, under row
+locks, as every worker storing the current minute writes the same row (see
+_derive_cluster_minutes).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ THROTTLING_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 GPU_TABLE = "collectors_gpuminute"
 HOST_TABLE = "collectors_hostminute"
+CLUSTER_TABLE = "collectors_clusterminute"
 HOUR_TABLE = "collectors_gpuhour"
 GPU_KEY = ("run_id", "host", "gpu", "minute")
 HOUR_KEY = ("run_id", "host", "gpu", "hour")
@@ -197,6 +201,10 @@ def add_many(parts: list[Part]) -> None:
         _derive_host_minutes(gpus.columns["run_id"], gpus.columns["host"], gpus.columns["minute"])
     step_quarters.derive((part.run_id, part.rank, part.steps.columns["minute"])
                          for part in parts if len(part.steps))
+    if len(gpus):
+        # Last: its row locks are the ones every worker storing the run's current minute waits
+        # for, held from here to the commit.
+        _derive_cluster_minutes(gpus.columns["run_id"], gpus.columns["minute"])
 
 
 def _by_hour(gpus: Groups) -> Groups:
@@ -437,6 +445,86 @@ def _derive_portably(run_id: int, host: str, minutes: list[int]) -> None:
                                             defaults=values)
 
 
+# --- ClusterMinute, derived from HostMinute ---------------------------------------------------------
+#
+# A run-minute's row sums every host's HostMinute row of that minute, so unlike HostMinute (one
+# host's batches, normally one worker) it is written by every worker storing that minute at once.
+# Recomputing it from HostMinute within the batch's statement snapshot would miss hosts stored by
+# transactions still open, and the last to commit would overwrite the row without them. So the
+# touched rows are first created if missing and locked (one statement, in key order, so workers
+# cannot deadlock over them), and only then summed, in a later statement: under READ COMMITTED
+# its snapshot is taken after the lock was granted, so it sees every transaction that held the
+# lock before, and every transaction that writes a host's minute later takes the lock after
+# this one commits and sums again. Whoever sums last has seen every host.
+
+_CLUSTER_COLUMNS = ("run_id", "minute", "gpus", "power_samples", "power_mean_sum",
+                    "power_min_sum", "power_max_sum", "temp_n", "temp_sum")
+_CLUSTER_SELECT = f"""
+SELECT run_id, minute, sum(gpus), sum(power_samples), sum(power_mean_sum), sum(power_min_sum),
+       sum(power_max_sum), sum(temp_n), sum(temp_sum)
+FROM {HOST_TABLE} {{where}}
+GROUP BY run_id, minute
+"""
+_CLUSTER_UPSERT = _replace(CLUSTER_TABLE, _CLUSTER_COLUMNS, ("run_id", "minute"))
+# Inserts the rows that are missing and locks them all: DO UPDATE (of nothing that changes) takes
+# the row lock whether the row was there, or inserted meanwhile by a transaction that committed.
+_PG_CLUSTER_LOCK = f"""
+INSERT INTO {CLUSTER_TABLE} ({", ".join(_CLUSTER_COLUMNS)})
+SELECT r, to_timestamp(m), 0, 0, 0, 0, 0, 0, 0
+FROM unnest(%(runs)s::int8[], %(minutes)s::int8[]) AS t(r, m)
+ORDER BY r, m
+ON CONFLICT (run_id, minute) DO UPDATE SET gpus = {CLUSTER_TABLE}.gpus
+"""
+# The locked rows' sums, from HostMinute as committed now (and this transaction's own rows): a
+# lookup by the unique index's (run, minute) prefix per touched minute.
+_PG_CLUSTER_SUM = f"""
+UPDATE {CLUSTER_TABLE} c
+SET gpus = s.gpus, power_samples = s.power_samples, power_mean_sum = s.power_mean_sum,
+    power_min_sum = s.power_min_sum, power_max_sum = s.power_max_sum, temp_n = s.temp_n,
+    temp_sum = s.temp_sum
+FROM (SELECT h.run_id, h.minute, sum(h.gpus) AS gpus, sum(h.power_samples) AS power_samples,
+             sum(h.power_mean_sum) AS power_mean_sum, sum(h.power_min_sum) AS power_min_sum,
+             sum(h.power_max_sum) AS power_max_sum, sum(h.temp_n) AS temp_n,
+             sum(h.temp_sum) AS temp_sum
+      FROM {HOST_TABLE} h
+      JOIN unnest(%(runs)s::int8[], %(minutes)s::int8[]) AS t(r, m)
+        ON h.run_id = t.r AND h.minute = to_timestamp(t.m)
+      GROUP BY h.run_id, h.minute) s
+WHERE c.run_id = s.run_id AND c.minute = s.minute
+"""
+
+
+def _derive_cluster_minutes(runs: list[int], minutes: list[int]) -> None:
+    """Recomputes the ClusterMinute rows of the (run, minute Unix seconds) given, from
+    HostMinute, after locking them (see above)."""
+    touched = sorted(set(zip(runs, minutes, strict=True)))
+    if connection.vendor == "postgresql":
+        params = {"runs": _array_literal([r for r, _ in touched]),
+                  "minutes": _array_literal([m for _, m in touched])}
+        with connection.cursor() as cursor:
+            cursor.execute(_PG_CLUSTER_LOCK, params)
+            cursor.execute(_PG_CLUSTER_SUM, params)
+        return
+    # SQLite (the embedded mode) has one writer at a time: no lock to take.
+    from collectors.models import ClusterMinute, HostMinute
+
+    for run_id, minute in touched:
+        when = datetime.fromtimestamp(minute, tz=UTC)
+        ClusterMinute.objects.update_or_create(
+            run_id=run_id, minute=when,
+            defaults=_cluster_totals(HostMinute.objects.filter(run_id=run_id, minute=when)))
+
+
+def _cluster_totals(rows) -> dict:
+    names = ("gpus", "power_samples", "power_mean_sum", "power_min_sum", "power_max_sum",
+             "temp_n", "temp_sum")
+    totals = dict.fromkeys(names, 0)
+    for h in rows:
+        for name in names:
+            totals[name] += getattr(h, name)
+    return totals
+
+
 def _host_totals(rows) -> dict:
     totals: dict = {}
     for m in rows:
@@ -479,18 +567,20 @@ def _hour_totals(rows) -> dict:
 
 @transaction.atomic
 def derive_coarse(run_id: int | None = None) -> None:
-    """Rebuilds HostMinute and GpuHour of one run (or of every run) from GpuMinute as it stands:
-    for rollups filled without ingest (a rebuild, GpuMinute rows written directly)."""
-    from collectors.models import GpuHour, GpuMinute, HostMinute
+    """Rebuilds HostMinute and GpuHour of one run (or of every run) from GpuMinute as it stands,
+    then ClusterMinute from HostMinute: for rollups filled without ingest (a rebuild, GpuMinute
+    rows written directly)."""
+    from collectors.models import ClusterMinute, GpuHour, GpuMinute, HostMinute
 
-    for coarse in (HostMinute, GpuHour):
+    for coarse in (HostMinute, GpuHour, ClusterMinute):
         stale = coarse.objects.all()
         (stale if run_id is None else stale.filter(run_id=run_id)).delete()
     if connection.vendor == "postgresql":
         where, params = ("WHERE run_id = %s", [run_id]) if run_id is not None else ("", [])
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL TimeZone = 'UTC'")
-            for upsert, select in ((_HOST_UPSERT, _HOST_SELECT), (_HOUR_UPSERT, _HOUR_SELECT)):
+            for upsert, select in ((_HOST_UPSERT, _HOST_SELECT), (_HOUR_UPSERT, _HOUR_SELECT),
+                                   (_CLUSTER_UPSERT, _CLUSTER_SELECT)):
                 cursor.execute(upsert.format(select=select.format(where=where)), params)
         return
     minutes = GpuMinute.objects.all() if run_id is None else GpuMinute.objects.filter(run_id=run_id)
@@ -502,6 +592,10 @@ def derive_coarse(run_id: int | None = None) -> None:
         GpuHour.objects.bulk_create(
             GpuHour(run_id=run, host=host, gpu=gpu, hour=hour, **values)
             for (gpu, hour), values in _hour_totals(rows).items())
+    hosts = HostMinute.objects.all() if run_id is None else HostMinute.objects.filter(run_id=run_id)
+    for run, minute in hosts.values_list("run_id", "minute").distinct():
+        ClusterMinute.objects.create(run_id=run, minute=minute, **_cluster_totals(
+            hosts.filter(run_id=run, minute=minute)))
 
 
 # --- rebuilding from the raw tables ------------------------------------------------------------
@@ -533,7 +627,14 @@ GROUP BY run_id, host, gpu, date_trunc('minute', ts)
 def rebuild(run_id: int | None = None) -> dict[str, int]:
     """Recomputes the rollups of one run (or of every run) from the raw rows; returns how many
     rollup rows each table now holds for it."""
-    from collectors.models import GpuHour, GpuMinute, HostMinute, StepMinute, StepQuarter
+    from collectors.models import (
+        ClusterMinute,
+        GpuHour,
+        GpuMinute,
+        HostMinute,
+        StepMinute,
+        StepQuarter,
+    )
 
     if connection.vendor == "postgresql":
         where, params = ("WHERE run_id = %s", [run_id]) if run_id is not None else ("", [])
@@ -547,8 +648,8 @@ def rebuild(run_id: int | None = None) -> dict[str, int]:
             # hash aggregation of many minutes in memory rather than in batches on disk.
             cursor.execute("SET LOCAL TimeZone = 'UTC'")
             cursor.execute("SET LOCAL work_mem = '256MB'")
-            cursor.execute(f"LOCK TABLE {HOST_TABLE}, {HOUR_TABLE}, {step_quarters.TABLE} "
-                           "IN SHARE ROW EXCLUSIVE MODE")
+            cursor.execute(f"LOCK TABLE {HOST_TABLE}, {HOUR_TABLE}, {CLUSTER_TABLE}, "
+                           f"{step_quarters.TABLE} IN SHARE ROW EXCLUSIVE MODE")
             for table, insert in ((STEP_TABLE, _STEP_REBUILD), (GPU_TABLE, _GPU_REBUILD)):
                 cursor.execute(f"DELETE FROM {table} {where}", params)
                 cursor.execute(insert.format(where=where), params)
@@ -559,7 +660,7 @@ def rebuild(run_id: int | None = None) -> dict[str, int]:
     counts = {}
     for name, model in (("step_minutes", StepMinute), ("gpu_minutes", GpuMinute),
                         ("host_minutes", HostMinute), ("gpu_hours", GpuHour),
-                        ("step_quarters", StepQuarter)):
+                        ("cluster_minutes", ClusterMinute), ("step_quarters", StepQuarter)):
         rows = model.objects.all()
         counts[name] = (rows if run_id is None else rows.filter(run_id=run_id)).count()
     return counts
@@ -569,12 +670,20 @@ def _rebuild_portably(run_id: int | None) -> None:
     """The embedded mode's rebuild (SQLite has no date_trunc or bit_or): the raw rows through the
     same aggregation and upsert as ingest, one run and rank (or host) at a time."""
     from collectors.columns import ints
-    from collectors.models import GpuHour, GpuMinute, GpuSample, HostMinute, StepMetric, StepMinute
+    from collectors.models import (
+        ClusterMinute,
+        GpuHour,
+        GpuMinute,
+        GpuSample,
+        HostMinute,
+        StepMetric,
+        StepMinute,
+    )
 
     steps, gpus = StepMetric.objects.all(), GpuSample.objects.all()
     if run_id is not None:
         steps, gpus = steps.filter(run_id=run_id), gpus.filter(run_id=run_id)
-    for rollup in (StepMinute, GpuMinute, HostMinute, GpuHour):
+    for rollup in (StepMinute, GpuMinute, HostMinute, GpuHour, ClusterMinute):
         stale = rollup.objects.all()
         (stale if run_id is None else stale.filter(run_id=run_id)).delete()
 

@@ -10,6 +10,7 @@ from collections import defaultdict
 import pytest
 
 from collectors.models import (
+    ClusterMinute,
     GpuHour,
     GpuMinute,
     GpuSample,
@@ -165,6 +166,16 @@ def host_aggregates(run: Run) -> dict:
     return dict(found)
 
 
+def cluster_aggregates(run: Run) -> dict:
+    """ClusterMinute as it should be: host_aggregates' rows summed per minute over the hosts."""
+    found: dict = {}
+    for (_, minute), agg in host_aggregates(run).items():
+        totals = found.setdefault(minute, dict.fromkeys(agg, 0))
+        for name, value in agg.items():
+            totals[name] += value
+    return found
+
+
 def hour_aggregates(run: Run) -> dict:
     """GpuHour as it should be: gpu_aggregates' per-minute sums merged per (host, gpu, hour)."""
     found: dict = {}
@@ -242,6 +253,11 @@ def stored_hosts(run: Run) -> dict:
             for r in HostMinute.objects.filter(run=run)}
 
 
+def stored_clusters(run: Run) -> dict:
+    return {r.minute: {f: getattr(r, f) for f in HOST_NUMBERS + HOST_SUMS}
+            for r in ClusterMinute.objects.filter(run=run)}
+
+
 def stored_hours(run: Run) -> dict:
     return {(r.host, r.gpu, r.hour): {f: getattr(r, f) for f in GPU_NUMBERS + GPU_SUMS}
             for r in GpuHour.objects.filter(run=run)}
@@ -271,15 +287,16 @@ def assert_same(stored: dict, expected: dict, exact: tuple[str, ...], sums: tupl
 def expected_rollups(run: Run) -> dict:
     """Every rollup table's rows of ``run`` as they should be, from its raw rows."""
     return {"steps": step_aggregates(run), "gpus": gpu_aggregates(run),
-            "hosts": host_aggregates(run), "hours": hour_aggregates(run),
-            "quarters": quarter_aggregates(run)}
+            "hosts": host_aggregates(run), "clusters": cluster_aggregates(run),
+            "hours": hour_aggregates(run), "quarters": quarter_aggregates(run)}
 
 
 def assert_rollups(run: Run, expected: dict) -> None:
-    """The stored StepMinute, GpuMinute, HostMinute, GpuHour and StepQuarter rows of ``run`` are
-    ``expected`` (an ``expected_rollups`` of it)."""
+    """The stored StepMinute, GpuMinute, HostMinute, ClusterMinute, GpuHour and StepQuarter rows
+    of ``run`` are ``expected`` (an ``expected_rollups`` of it)."""
     assert_same(stored_steps(run), expected["steps"], STEP_NUMBERS, STEP_SUMS)
     assert_same(stored_gpus(run), expected["gpus"], GPU_NUMBERS, GPU_SUMS)
     assert_same(stored_hosts(run), expected["hosts"], HOST_NUMBERS, HOST_SUMS)
+    assert_same(stored_clusters(run), expected["clusters"], HOST_NUMBERS, HOST_SUMS)
     assert_same(stored_hours(run), expected["hours"], GPU_NUMBERS, GPU_SUMS)
     assert_same(stored_quarters(run), expected["quarters"], QUARTER_NUMBERS, QUARTER_SUMS)

@@ -29,12 +29,14 @@ from tests.collectors.rollup_data import (
     across_the_hour_batches,
     assert_same,
     batch,
+    cluster_aggregates,
     gpu_aggregates,
     host_aggregates,
     hour_aggregates,
     quarter_aggregates,
     random_batches,
     step_aggregates,
+    stored_clusters,
     stored_gpus,
     stored_hosts,
     stored_hours,
@@ -107,6 +109,102 @@ def test_rebuild_reproduces_host_minutes_and_gpu_hours(across_the_hour):
         assert_same(stored_hours(run), hours, GPU_NUMBERS, GPU_SUMS)
     assert counts["host_minutes"] == sum(len(h) for h, _ in expected)
     assert counts["gpu_hours"] == sum(len(h) for _, h in expected)
+
+
+def test_rebuild_reproduces_cluster_minutes(across_the_hour):
+    from collectors.models import ClusterMinute
+
+    expected = [stored_clusters(run) for run in across_the_hour]
+    assert all(expected)
+    ClusterMinute.objects.filter(run=across_the_hour[0]).delete()
+    ClusterMinute.objects.filter(run=across_the_hour[1]).update(gpus=0, power_mean_sum=-1.0)
+
+    counts = rollups.rebuild()
+
+    for run, clusters in zip(across_the_hour, expected, strict=True):
+        assert_same(stored_clusters(run), clusters, HOST_NUMBERS, HOST_SUMS)
+        assert_same(clusters, cluster_aggregates(run), HOST_NUMBERS, HOST_SUMS)
+    assert counts["cluster_minutes"] == sum(len(c) for c in expected)
+
+
+def test_migration_fills_the_cluster_minutes_of_host_minutes_stored_before_it(across_the_hour):
+    import importlib
+
+    from django.db import connection
+
+    from collectors.models import ClusterMinute
+
+    expected = [stored_clusters(run) for run in across_the_hour]
+    ClusterMinute.objects.all().delete()
+    migration = importlib.import_module("collectors.migrations.0011_cluster_minute")
+
+    with connection.cursor() as cursor:
+        cursor.execute(migration.FILL_SQL)
+
+    for run, clusters in zip(across_the_hour, expected, strict=True):
+        assert_same(stored_clusters(run), clusters, HOST_NUMBERS, HOST_SUMS)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cluster_minute_counts_every_host_when_workers_store_one_minute_at_once(token):
+    """Two workers store different hosts' samples of the same minutes at once. The second sums the
+    minute's hosts only after the first committed (it waits for the first's row lock): summed as
+    its statement began, its row would hold its own host alone and overwrite the first's."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from collectors.ingest import store_batch
+    from collectors.models import Project
+    from trainer_plugin.protocol import validate_batch
+
+    project_id = Project.objects.get(slug="llm").pk
+
+    def host_batch(host: str, rank: int, watts: float) -> dict:
+        return validate_batch(batch(rank=rank, host=host, gpus=[
+            (T0 + 50 + i, gpu, 60.0, watts + gpu, 90.0, 1500.0, 0)
+            for i in range(20) for gpu in range(4)]))
+
+    ingest_batch(batch(rank=0, host="node-a", gpus=[(T0, 0, 60.0, 100.0, 90.0, 1500.0, 0)]),
+                 token=token)  # the run and attempt exist before the workers race
+    holding, release = threading.Event(), threading.Event()
+
+    def first_worker_held_open():
+        try:
+            with transaction.atomic():
+                store_batch(host_batch("node-a", 0, 300.0), project_id)
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    second_done = threading.Event()
+
+    def second_worker():
+        try:
+            store_batch(host_batch("node-b", 8, 500.0), project_id)
+            second_done.set()
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=first_worker_held_open)
+    second = threading.Thread(target=second_worker)
+    first.start()
+    try:
+        assert holding.wait(30)
+        second.start()
+        # It waits on the minute rows the first worker holds until it commits.
+        assert not second_done.wait(1.0)
+    finally:
+        release.set()
+        first.join(30)
+        second.join(30)
+    assert second_done.is_set()
+
+    run = Run.objects.get(name="run-1")
+    clusters = stored_clusters(run)
+    assert_same(clusters, cluster_aggregates(run), HOST_NUMBERS, HOST_SUMS)
+    assert [row["gpus"] for row in clusters.values()] == [8, 8]  # both hosts' 4 GPUs, 2 minutes
 
 
 def test_cluster_reads_from_host_minutes_and_gpu_hours_equal_the_raw_aggregates(across_the_hour):
@@ -220,6 +318,7 @@ def test_rebuild_reproduces_what_ingest_maintained(ingested, token):
     assert counts == {"step_minutes": len(steps) + 1, "gpu_minutes": len(gpus),
                       "host_minutes": len(host_aggregates(ingested)),
                       "gpu_hours": len(hour_aggregates(ingested)),
+                      "cluster_minutes": len(cluster_aggregates(ingested)),
                       "step_quarters": len(quarter_aggregates(ingested)) + 1}
     assert_same(stored_steps(ingested), steps, STEP_NUMBERS, STEP_SUMS)
     assert_same(stored_gpus(ingested), gpus, GPU_NUMBERS, GPU_SUMS)
