@@ -46,10 +46,22 @@ class RawPower:
 
 def raw_power(run: Run, start: float, end: float) -> RawPower:
     """Every power sample of the run with start <= ts <= end."""
+    return raw_power_windows(run, [(start, end)])[0]
+
+
+def raw_power_windows(run: Run, windows: Sequence[tuple[float, float]]) -> list[RawPower]:
+    """For each (start, end) of ``windows``, every power sample of the run with
+    start <= ts <= end (a sample in two windows is in both)."""
+    if not windows:
+        return []
     if connection.vendor == "postgresql":
-        packed = _raw_power_packed(run, start, end)
+        packed = _raw_power_packed(run, windows)
         if packed is not None:
             return packed
+    return [_raw_power_portable(run, start, end) for start, end in windows]
+
+
+def _raw_power_portable(run: Run, start: float, end: float) -> RawPower:
     rows = list(GpuSample.objects.filter(run=run, ts__gte=from_epoch(start), ts__lte=from_epoch(end),
                                          power_w__isnull=False)
                 .values_list("ts", "host", "gpu", "power_w"))
@@ -61,45 +73,58 @@ def raw_power(run: Run, start: float, end: float) -> RawPower:
         np.array([r[3] for r in rows], dtype=np.float64))
 
 
-# The window's samples come back as three bytea values of packed big-endian numbers (one
-# aggregate pass, so the three are in the same row order), read straight into numpy: a row at a
-# time through the driver costs seconds for a few hundred thousand rows. A (host, gpu) pair
-# becomes hashtext(host) * 65536 + gpu: numbering hosts with a window function or a join costs
-# several times the scan itself; two hosts with one hash (odds ~ hosts² / 2^33) are detected on
-# the window's HostMinute rows and read the slow, exact way instead. Times travel in PostgreSQL's
-# own binary form (int8 microseconds since 2000-01-01): extract(epoch) computes a numeric per
-# row and took half of the query.
+# Each window's samples come back as one row of three bytea values of packed big-endian numbers
+# (one aggregate pass, so the three are in the same row order), read straight into numpy: a row
+# at a time through the driver costs seconds for a few hundred thousand rows. All windows in one
+# statement, each an index range scan of (run, ts) aggregated on its own (LATERAL: no hashing of
+# rows into windows): a statement per window planned over the day partitions each time. A (host,
+# gpu) pair becomes hashtext(host) * 65536 + gpu: numbering hosts with a window function or a join
+# costs several times the scan itself (and grouping by host instead of by window, 1.6x the
+# statement); two hosts with one hash (odds ~ hosts² / 2^33) are detected on the windows'
+# HostMinute rows and read the slow, exact way instead. Times travel in PostgreSQL's own binary
+# form (int8 microseconds since 2000-01-01): extract(epoch) computes a numeric per row and took
+# half of the query.
 _RAW_SQL = """
-SELECT string_agg(timestamptz_send(ts), ''::bytea),
-       string_agg(int8send(hashtext(host)::int8 * 65536 + gpu), ''::bytea),
-       string_agg(float8send(power_w), ''::bytea)
-FROM {table}
-WHERE run_id = %(run)s AND ts >= %(start)s AND ts <= %(end)s AND power_w IS NOT NULL
+SELECT w.i, packed.*
+FROM unnest(%(starts)s::timestamptz[], %(ends)s::timestamptz[]) WITH ORDINALITY AS w(s, e, i),
+     LATERAL (SELECT string_agg(timestamptz_send(g.ts), ''::bytea),
+                     string_agg(int8send(hashtext(g.host)::int8 * 65536 + g.gpu), ''::bytea),
+                     string_agg(float8send(g.power_w), ''::bytea)
+              FROM {table} g
+              WHERE g.run_id = %(run)s AND g.ts >= w.s AND g.ts <= w.e
+                AND g.power_w IS NOT NULL) packed
+ORDER BY w.i
 """
 _HASHES_SQL = """
-SELECT count(DISTINCT host), count(DISTINCT hashtext(host)) FROM {table}
-WHERE run_id = %(run)s AND minute >= date_trunc('minute', %(start)s::timestamptz) AND minute <= %(end)s
+SELECT count(DISTINCT h.host), count(DISTINCT hashtext(h.host))
+FROM unnest(%(starts)s::timestamptz[], %(ends)s::timestamptz[]) AS w(s, e)
+JOIN {table} h ON h.run_id = %(run)s AND h.minute >= date_trunc('minute', w.s) AND h.minute <= w.e
 """
 
 
 _PG_EPOCH_MICROS = 946_684_800 * 1_000_000  # 2000-01-01 in Unix microseconds
 
 
-def _raw_power_packed(run: Run, start: float, end: float) -> RawPower | None:
-    params = {"run": run.pk, "start": from_epoch(start), "end": from_epoch(end)}
+def _raw_power_packed(run: Run, windows: Sequence[tuple[float, float]]) -> list[RawPower] | None:
+    params = {"run": run.pk, "starts": [from_epoch(start) for start, _ in windows],
+              "ends": [from_epoch(end) for _, end in windows]}
     with connection.cursor() as cursor:
         cursor.execute(_HASHES_SQL.format(table=HostMinute._meta.db_table), params)
         hosts, hashes = cursor.fetchone()
         if hosts != hashes:
             return None
         cursor.execute(_RAW_SQL.format(table=GpuSample._meta.db_table), params)
-        ts, key, watts = cursor.fetchone()
-    if ts is None:
-        return RawPower(np.empty(0), np.empty(0, dtype=np.int64), np.empty(0))
-    micros = np.frombuffer(bytes(ts), ">i8").astype(np.int64) + _PG_EPOCH_MICROS
-    return RawPower(micros / 1e6,
-                    np.frombuffer(bytes(key), ">i8").astype(np.int64),
-                    np.frombuffer(bytes(watts), ">f8").astype(np.float64))
+        rows = cursor.fetchall()
+    read = []
+    for _, ts, key, watts in rows:
+        if ts is None:  # no sample in the window
+            read.append(RawPower(np.empty(0), np.empty(0, dtype=np.int64), np.empty(0)))
+            continue
+        micros = np.frombuffer(bytes(ts), ">i8").astype(np.int64) + _PG_EPOCH_MICROS
+        read.append(RawPower(micros / 1e6,
+                             np.frombuffer(bytes(key), ">i8").astype(np.int64),
+                             np.frombuffer(bytes(watts), ">f8").astype(np.float64)))
+    return read
 
 
 @dataclass(frozen=True)

@@ -117,10 +117,10 @@ def power_view(run: Run, start: float | None = None, end: float | None = None, *
         regions = [(r0, r1) for r0, r1 in power.candidate_regions(
             minutes, min_kw=min_kw, window_s=window_s, carry_s=stale, margin_s=window_s / 2,
             limit=MAX_REGIONS * 4) if r1 >= lo and r0 <= hi][:MAX_REGIONS]
+        regions = [(max(r0, lo), min(r1, hi)) for r0, r1 in regions]
+        raws = cluster_reads.raw_power_windows(run, [(r0 - stale, r1) for r0, r1 in regions])
         found, detail = [], []
-        for r0, r1 in regions:
-            r0, r1 = max(r0, lo), min(r1, hi)
-            raw = cluster_reads.raw_power(run, r0 - stale, r1)
+        for (r0, r1), raw in zip(regions, raws, strict=True):
             piece = power.cluster_power(raw.ts, raw.gpu, raw.power_w, start=r0, end=r1,
                                         stale_after_s=stale)
             detail.append(piece)
