@@ -86,35 +86,46 @@ class Shape:
 
 class BatchFactory:
     """Wire-format v1 batches whose value columns are built once (several variants) so that
-    making a batch costs a list of timestamps and a uuid, not the producer's time."""
+    making a batch costs a list of timestamps and a uuid, not the producer's time.
+
+    The values look like what the plugin sends from real hardware, digits included, because the
+    digits are what JSON parsing and compression pay for: one read time per second shared by a
+    host's GPUs (``time.time()`` with a few ms of jitter), whole degrees, NVML's milliwatts as
+    watts with three decimals, whole percents, MiB used as NVML's bytes / 2**20, SM clocks in
+    15 MHz steps; steps with full-precision durations, losses and gradient norms."""
 
     VARIANTS = 16
 
     def __init__(self, shape: Shape, project: str, run: str, t0: float):
+        import numpy as np
+
         self.shape, self.project, self.run, self.t0 = shape, project, run, t0
         seconds, gpus = shape.seconds_per_batch, shape.gpus_per_host
-        self.gpu_offsets = [float(s) for s in range(seconds) for _ in range(gpus)]
+        rng = np.random.default_rng(20261203)
         self.gpu_index = [g for _ in range(seconds) for g in range(gpus)]
-        self.step_offsets = [j * shape.step_s for j in range(shape.step_rows)]
-        self.gpu_variants = []
-        self.step_variants = []
-        for v in range(self.VARIANTS):
+        self.gpu_offsets, self.step_offsets = [], []
+        self.gpu_variants, self.step_variants = [], []
+        for _ in range(self.VARIANTS):
+            read_at = np.arange(seconds) + rng.uniform(0.0, 0.005, seconds)
+            self.gpu_offsets.append(np.repeat(read_at, gpus).tolist())
             n = shape.gpu_rows
             self.gpu_variants.append({
-                "temp_c": [60.0 + ((i * 7 + v) % 23) * 0.5 for i in range(n)],
-                "power_w": [550.0 + ((i * 13 + v) % 31) * 5.0 for i in range(n)],
-                "util_pct": [90.0 + ((i + v) % 10) for i in range(n)],
-                "mem_used_mb": [70_000.0 + ((i + v) % 5) * 100.0 for i in range(n)],
-                "sm_clock_mhz": [1980.0 - ((i + v) % 4) * 15.0 for i in range(n)],
-                "throttle": [0 if (i + v) % 50 else 4 for i in range(n)],
+                "temp_c": rng.integers(55, 83, n).astype(float).tolist(),
+                "power_w": (rng.integers(380_000, 700_001, n) / 1000.0).tolist(),
+                "util_pct": rng.choice([100.0, 100.0, 99.0, 98.0, 97.0, 0.0], n).tolist(),
+                "mem_used_mb": (rng.integers(30_000, 38_000, n) * 2 * 2**20 / 2**20).tolist(),
+                "sm_clock_mhz": (1980.0 - 15.0 * rng.integers(0, 8, n)).tolist(),
+                "throttle": rng.choice([0, 0, 0, 0, 0, 0, 0, 4], n).tolist(),
             })
             m = shape.step_rows
+            self.step_offsets.append((np.arange(m) * shape.step_s
+                                      + rng.uniform(0.0, 0.02, m)).tolist())
             self.step_variants.append({
-                "duration_s": [shape.step_s * (1.0 + ((j + v) % 7) * 0.01) for j in range(m)],
+                "duration_s": (shape.step_s * rng.uniform(0.97, 1.08, m)).tolist(),
                 "tokens": [4_194_304] * m,
-                "metrics": {"loss": [2.0 + ((j + v) % 11) * 0.01 for j in range(m)],
-                            "lr": [3e-4] * m,
-                            "grad_norm": [1.0 + ((j + v) % 5) * 0.1 for j in range(m)]},
+                "metrics": {"loss": rng.uniform(1.8, 2.2, m).tolist(),
+                            "lr": (3e-4 * rng.uniform(0.9, 1.0, m)).tolist(),
+                            "grad_norm": rng.uniform(0.8, 1.6, m).tolist()},
             })
 
     def batch(self, sequence: int) -> dict[str, Any]:
@@ -124,11 +135,12 @@ class BatchFactory:
         window = sequence // shape.hosts
         start = self.t0 + window * shape.seconds_per_batch
         variant = sequence % self.VARIANTS
-        gpus = {"ts": [start + o for o in self.gpu_offsets], "gpu": self.gpu_index,
+        gpus = {"ts": [start + o for o in self.gpu_offsets[variant]], "gpu": self.gpu_index,
                 **self.gpu_variants[variant], "simulated": False}
         first_step = window * shape.step_rows
         steps = {"step": list(range(first_step, first_step + shape.step_rows)),
-                 "ts": [start + o for o in self.step_offsets], **self.step_variants[variant]}
+                 "ts": [start + o for o in self.step_offsets[variant]],
+                 **self.step_variants[variant]}
         return {
             "v": 1, "batch_id": str(uuid.uuid4()),
             "run": {"project": self.project, "name": self.run, "attempt": 0,
