@@ -21,6 +21,7 @@ from collectors.ingest import (
     store_batches,
 )
 from trainer_plugin.protocol import ProtocolError, validate_batch
+from trainer_plugin.transports import message_codec
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def enqueue_batch(batch: dict[str, Any], token: str) -> None:
         # Celery's eager retries, which would replay a locked SQLite write back to back.
         ingest_batch(batch, token=token)
     else:
-        ingest_batch.apply_async(args=[batch], kwargs={"token": token})
+        ingest_batch.apply_async(args=[batch], kwargs={"token": token}, **message_codec.options())
 
 
 @shared_task(name="collectors.detect_stalls", ignore_result=True, **RETRY_POLICY)

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import socket
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 import redis
+from kombu import compression, serialization
 
 from trainer_plugin import Monitor
 from trainer_plugin.protocol import validate_batch
@@ -79,13 +83,84 @@ def test_monitor_sends_celery_tasks_to_the_ingest_queue(private_broker_url, inge
         assert message["headers"]["task"] == "collectors.ingest_batch"
         assert message["properties"]["delivery_info"]["routing_key"] == "ingest"
         assert "s3cret" not in message["headers"]["kwargsrepr"]
-        args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        assert message["content-type"] == "application/json"
+        assert message["headers"]["compression"] == "application/x-gzip"
+        args, kwargs, _embed = json.loads(zlib.decompress(base64.b64decode(message["body"])))
         assert kwargs == {"token": "s3cret"}
         batch = validate_batch(args[0])
         steps += batch["steps"]["step"]
         kinds += [event["kind"] for event in batch["events"]]
     assert steps == [0, 1, 2]
     assert kinds == ["start", "finish"]
+
+
+def _telemetry_batch(**extra) -> dict:
+    """A batch with a minute of 8 GPUs' readings, digits as NVML gives them."""
+    rng = random.Random(7)
+    n = 8 * 60
+    return {
+        "v": 1, "batch_id": "b-1", "run": {"project": "llm", "name": "r", "attempt": 0, **extra},
+        "source": {"host": "node1", "rank": 0, "local_rank": 0, "world_size": 8},
+        "steps": {"step": [0], "ts": [1.7e9], "duration_s": [1.0123456789], "tokens": [4096],
+                  "metrics": {"loss": [2.2345678901234]}},
+        "gpus": {"ts": [1.7e9 + i // 8 + rng.random() / 200 for i in range(n)],
+                 "gpu": [i % 8 for i in range(n)],
+                 "temp_c": [float(rng.randint(55, 82)) for _ in range(n)],
+                 "power_w": [rng.randint(380_000, 700_000) / 1000 for _ in range(n)],
+                 "util_pct": [float(rng.choice([100, 99, 0])) for _ in range(n)],
+                 "mem_used_mb": [float(rng.randint(30_000, 38_000)) for _ in range(n)],
+                 "sm_clock_mhz": [1980.0 - 15 * rng.randint(0, 7) for _ in range(n)],
+                 "throttle": [0] * n, "simulated": False},
+        "events": [],
+    }
+
+
+def test_batches_travel_compressed_and_decode_with_celerys_own_codecs(
+        private_broker_url, ingest_list) -> None:
+    # An integer beyond 64 bits is more than orjson writes: kombu's JSON writes that message.
+    sent = [_telemetry_batch(), _telemetry_batch(config={"seed": 2**70})]
+    transport = BrokerTransport(private_broker_url, "s3cret")
+    for batch in sent:
+        transport.send(batch)
+    transport.close()
+
+    for batch, message in zip(sent, _messages(ingest_list), strict=True):
+        body = base64.b64decode(message["body"])
+        plain = json.dumps([[batch], {"token": "s3cret"}, {}]).encode()
+        assert len(body) < len(plain) / 2
+        # What a worker does with it: kombu's registered decompressor and JSON decoder.
+        args, kwargs, _ = serialization.loads(
+            compression.decompress(body, message["headers"]["compression"]),
+            message["content-type"], message["content-encoding"])
+        assert args == [batch] and kwargs == {"token": "s3cret"}
+
+
+def test_the_batch_codec_leaves_kombus_json_as_it_was() -> None:
+    from trainer_plugin.transports import message_codec
+
+    message_codec.options()
+    # Other Celery apps in the training process still write kombu's JSON, types and all.
+    content_type, _, body = serialization.dumps({"at": datetime(2026, 1, 2, tzinfo=UTC)}, "json")
+    assert serialization.registry.type_to_name[content_type] == "json"
+    assert serialization.loads(body, content_type, "utf-8") == {
+        "at": datetime(2026, 1, 2, tzinfo=UTC)}
+
+
+def test_batches_go_out_without_orjson(private_broker_url, ingest_list) -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['orjson'] = None  # the broker extra without it\n"
+        "from trainer_plugin.transports.broker import BrokerTransport\n"
+        f"t = BrokerTransport({private_broker_url!r}, 't')\n"
+        "t.send({'v': 1, 'batch_id': 'x', 'n': [1.5, 2]})\n"
+        "t.close()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    (message,) = _messages(ingest_list)
+    args, _, _ = json.loads(zlib.decompress(base64.b64decode(message["body"])))
+    assert args == [{"v": 1, "batch_id": "x", "n": [1.5, 2]}]
 
 
 def test_unreachable_broker_is_a_transient_error() -> None:

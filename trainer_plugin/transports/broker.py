@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer_plugin.transports import PermanentSendError, TransientSendError
+from trainer_plugin.transports import PermanentSendError, TransientSendError, message_codec
 
 TASK_NAME = "collectors.ingest_batch"
 QUEUE = "ingest"
@@ -61,6 +61,7 @@ class BrokerTransport:
         try:
             app.send_task(TASK_NAME, args=[batch], kwargs={"token": self.token}, queue=QUEUE,
                           producer=self._producer, retry=True, retry_policy=RETRY_POLICY,
+                          **message_codec.options(),
                           # Shown in worker logs and Flower: the batch id, never the token.
                           argsrepr=f"[<batch {batch.get('batch_id')}>]",
                           kwargsrepr="{'token': '***'}")
