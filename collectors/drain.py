@@ -4,8 +4,10 @@ cost of a transaction (a round trip per statement, the COPY set-up, the commit) 
 up to ``drain_max`` batches instead of once each (bench/README.md, "End-to-end ingest").
 
 How: ``start_strategy`` (Celery's hook for how a worker handles a task's messages) buffers the
-requests in the worker's main process instead of sending each to the pool; the buffer goes to one
-pool process when it holds ``drain_max`` requests or ``drain_wait_s`` after its first one. Each
+messages in the worker's main process instead of sending each to the pool; the buffer goes to one
+pool process when it holds ``drain_max`` messages or ``drain_wait_s`` after its first one. The
+main process never decodes a body and builds no Celery Request (so no ``task_received`` signal
+and no task-received event for these messages): it only moves bytes. Each
 message keeps its own fate: it is acknowledged once its batch is stored or refused, put back in
 the queue (``reject(requeue=True)``) when the pool process died or the database stayed down, and
 a message nobody acknowledged (the whole worker died) is delivered again by the broker, as with
@@ -23,8 +25,6 @@ from typing import Any
 
 import orjson
 from celery import Task, signals
-from celery.utils.imports import symbol_by_name
-from celery.worker.request import create_request_cls
 from celery.worker.strategy import hybrid_to_proto2, proto1_to_proto2
 from kombu.serialization import loads, prepare_accept_content
 
@@ -55,16 +55,40 @@ class DrainedTask(Task):
         return _DrainStrategy(self, app, consumer).on_message
 
 
+class _Received:
+    """One message waiting in the buffer: what the pool process needs of it and how to settle it.
+    Not a Celery Request: Celery 5.7's Request decodes the whole body when it is built, which in
+    this one process took a fifth of its time (py-spy, bench/README.md)."""
+
+    __slots__ = ("id", "body", "content_type", "content_encoding", "decoded", "_ack", "_reject",
+                 "_connection_errors", "settled")
+
+    def __init__(self, message, message_id: str, body, decoded: bool, ack, reject,
+                 connection_errors):
+        self.id, self.body, self.decoded = message_id, body, decoded
+        self.content_type, self.content_encoding = message.content_type, message.content_encoding
+        self._ack, self._reject, self._connection_errors = ack, reject, connection_errors
+        self.settled = False
+
+    def acknowledge(self) -> None:
+        if not self.settled:
+            self.settled = True
+            self._ack(log, self._connection_errors)
+
+    def requeue(self) -> None:
+        if not self.settled:
+            self.settled = True
+            self._reject(log, self._connection_errors, True)
+
+
 class _DrainStrategy:
-    """The worker main process's side: buffers requests, sends each full or timed-out buffer to
+    """The worker main process's side: buffers messages, sends each full or timed-out buffer to
     the pool, and acknowledges or requeues each message when the pool answers."""
 
     def __init__(self, task: DrainedTask, app, consumer):
         self.task, self.app, self.consumer = task, app, consumer
         self.pool = consumer.pool
-        self.Request = create_request_cls(symbol_by_name(task.Request), task, consumer.pool,
-                                          consumer.hostname, consumer.event_dispatcher, app=app)
-        self.buffer: list = []
+        self.buffer: list[_Received] = []
         self.in_pool = 0  # messages handed to the pool and not yet acknowledged or requeued
         self.lock = threading.Lock()  # the consumer's thread and the timer's (non-hub pools)
         self.timer_entry = None
@@ -81,24 +105,17 @@ class _DrainStrategy:
             # Protocol 2 (what the plugin and the API send): the body stays encoded here and is
             # decoded once, in the pool process. Celery's own strategy tests `"args" in
             # message.payload` first, which parses every ~40 KB body in this one process.
-            body, headers, decoded, utc = (message.body, message.headers, False,
-                                           self.app.uses_utc_timezone())
+            body, headers, decoded = message.body, message.headers, False
         elif body is None and "args" not in message.payload:
-            body, headers, decoded, utc = (message.body, message.headers, False,
-                                           self.app.uses_utc_timezone())
+            body, headers, decoded = message.body, message.headers, False
         elif "args" in message.payload:
-            body, headers, decoded, utc = hybrid_to_proto2(message, message.payload)
+            body, headers, decoded, _utc = hybrid_to_proto2(message, message.payload)
         else:
-            body, headers, decoded, utc = proto1_to_proto2(message, body)
-        request = self.Request(
-            message, on_ack=ack, on_reject=reject, app=self.app, hostname=self.consumer.hostname,
-            eventer=self.consumer.event_dispatcher, task=self.task,
-            connection_errors=self.consumer.connection_errors, body=body, headers=headers,
-            decoded=decoded, utc=utc,
-        )
-        signals.task_received.send(sender=self.consumer, request=request)
+            body, headers, decoded, _utc = proto1_to_proto2(message, body)
+        received = _Received(message, headers.get("id"), body, decoded, ack, reject,
+                             self.consumer.connection_errors)
         with self.lock:
-            self.buffer.append(request)
+            self.buffer.append(received)
             full = len(self.buffer) >= self.task.drain_max or self._cannot_grow()
             if not full and self.timer_entry is None:
                 self.timer_entry = self.consumer.timer.call_after(self.task.drain_wait_s,
@@ -108,42 +125,42 @@ class _DrainStrategy:
 
     def flush(self) -> None:
         with self.lock:
-            requests, self.buffer = self.buffer, []
+            received, self.buffer = self.buffer, []
             if self.timer_entry is not None:
                 self.timer_entry.cancel()
                 self.timer_entry = None
-            self.in_pool += len(requests)
-        if not requests:
+            self.in_pool += len(received)
+        if not received:
             return
 
         def settled() -> None:
             with self.lock:
-                self.in_pool -= len(requests)
+                self.in_pool -= len(received)
 
         # The body goes to the pool process as it came (bytes pickle cheaply); it is decoded there,
         # as Celery's own strategy does, so this process only moves messages.
-        messages = [(r.id, r.body, r.content_type, r.content_encoding, r._decoded)
-                    for r in requests]
+        messages = [(r.id, r.body, r.content_type, r.content_encoding, r.decoded)
+                    for r in received]
 
         def on_return(requeue: list[str] | None) -> None:
             settled()
             back = set(requeue or ())
-            for request in requests:
-                if request.id in back:
-                    request.reject(requeue=True)
+            for one in received:
+                if one.id in back:
+                    one.requeue()
                 else:
-                    request.acknowledge()
+                    one.acknowledge()
 
         def on_error(error) -> None:
             # The pool process died (a SIGKILL, the OOM killer) or the drain raised: nothing of
             # this buffer is known to be stored, so all of it goes back for another worker.
             cause = getattr(error, "exception", error)  # billiard's ExceptionInfo ...
             cause = getattr(cause, "exc", cause)  # ... around an ExceptionWithTraceback
-            log.error("%d messages of %s go back to the queue: %r", len(requests), self.task.name,
+            log.error("%d messages of %s go back to the queue: %r", len(received), self.task.name,
                       cause)
             settled()
-            for request in requests:
-                request.reject(requeue=True)
+            for one in received:
+                one.requeue()
 
         self.pool.apply_async(run_drained, (self.task.name, messages), callback=on_return,
                               error_callback=on_error)
