@@ -60,3 +60,30 @@ def test_one_window_read_is_the_same_as_raw_power(token):
     assert np.array_equal(one.ts, same.ts) and np.array_equal(one.gpu, same.gpu)
     assert np.array_equal(one.power_w, same.power_w)
     assert cluster_reads.raw_power_windows(run, []) == []
+
+
+def test_step_times_find_each_attempts_newest_and_oldest_step_within_bounds(token):
+    from datetime import UTC, datetime
+
+    from collectors.models import Attempt
+    from tests.batches import step_batch
+
+    ingest_batch(step_batch(attempt=0, first_step=0, count=10, t0=T0), token=token)
+    ingest_batch(step_batch(attempt=1, first_step=5, count=10, t0=T0 + 100), token=token)
+    run = Run.objects.get(name="run-1")
+    first, second = (Attempt.objects.get(run=run, number=n).pk for n in (0, 1))
+
+    def at(t: float) -> datetime:
+        return datetime.fromtimestamp(t, tz=UTC)
+
+    lookups = [
+        cluster_reads.StepLookup(first, None, at(T0 + 5.5), newest=True),   # step at T0 + 5
+        cluster_reads.StepLookup(first, at(T0 + 2), None, newest=False),    # step at T0 + 2
+        cluster_reads.StepLookup(second, at(T0 + 103.5), at(T0 + 150), newest=False),
+        cluster_reads.StepLookup(second, None, at(T0 + 99), newest=True),   # none before it
+        cluster_reads.StepLookup(first, at(T0 + 100), None, newest=True),   # none after its end
+    ]
+
+    assert cluster_reads.step_times(run, lookups) == [
+        at(T0 + 5), at(T0 + 2), at(T0 + 104), None, None]
+    assert cluster_reads.step_times(run, []) == []
