@@ -17,8 +17,8 @@ from collectors.models import Run
 
 
 class Command(BaseCommand):
-    help = ("Recomputes the step and GPU rollups (per minute; per host-minute and GPU-hour) of one "
-            "run (or all) from the raw rows.")
+    help = ("Recomputes the step and GPU rollups (per minute; per host-minute, run-minute and "
+            "GPU-hour) of one run (or all) from the raw rows.")
 
     def add_arguments(self, parser):
         parser.add_argument("--run", type=int, metavar="ID",
@@ -32,6 +32,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"rebuilt {'run ' + str(run) if run is not None else 'every run'}: "
             f"{counts['step_minutes']:,} step minutes, {counts['gpu_minutes']:,} GPU minutes, "
-            f"{counts['host_minutes']:,} host minutes, {counts['gpu_hours']:,} GPU hours "
+            f"{counts['host_minutes']:,} host minutes, {counts['cluster_minutes']:,} cluster "
+            f"minutes, {counts['gpu_hours']:,} GPU hours "
             f"in {time.perf_counter() - started:.1f} s"
         )
