@@ -57,10 +57,15 @@ class IngestQueue:
         import base64
         import json
 
+        from kombu.compression import decompress
+
         found = []
         for raw in self.client.lrange("ingest", 0, -1):
             envelope = json.loads(raw)
-            body = json.loads(base64.b64decode(envelope["body"]))
+            body = base64.b64decode(envelope["body"])
+            if "compression" in envelope["headers"]:  # what ingest messages carry
+                body = decompress(body, envelope["headers"]["compression"])
+            body = json.loads(body)
             found.append({"task": envelope["headers"]["task"], "args": body[0], "kwargs": body[1]})
         return found
 
