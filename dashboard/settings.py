@@ -10,6 +10,8 @@ from pathlib import Path
 
 import environ
 
+from trainer_plugin.transports import kombu_redis
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -139,6 +141,9 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=not CELE
 if not CELERY_BROKER_URL:
     CELERY_BROKER_URL = "memory://"
 CELERY_TASK_EAGER_PROPAGATES = False
+# kombu's Redis transport reusing one client per channel (trainer_plugin/transports/kombu_redis.py):
+# every received message costs the worker three Redis commands, and kombu built a client for each.
+CELERY_BROKER_TRANSPORT = kombu_redis.transport_for(CELERY_BROKER_URL)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True

@@ -6,10 +6,8 @@ from __future__ import annotations
 import base64
 import json
 import random
-import socket
 import subprocess
 import sys
-import time
 import zlib
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -22,35 +20,6 @@ from trainer_plugin import Monitor
 from trainer_plugin.protocol import validate_batch
 from trainer_plugin.transports import PermanentSendError, TransientSendError, transport_for
 from trainer_plugin.transports.broker import BrokerTransport
-
-
-@pytest.fixture
-def private_broker_url(tmp_path) -> Iterator[str]:
-    """A redis-server of this test's own: in a whole-suite run the end-to-end tests' Celery worker
-    (pytest-django runs them first) consumes the shared broker's `ingest` queue, and would take
-    the messages this test reads."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, socket_connect_timeout=1)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        client.close()
-        server.kill()
-        server.wait()
 
 
 @pytest.fixture

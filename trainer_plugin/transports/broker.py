@@ -35,6 +35,8 @@ class BrokerTransport:
         try:
             from celery import Celery
             from kombu.exceptions import OperationalError
+
+            from trainer_plugin.transports import kombu_redis
         except ImportError:
             raise PermanentSendError(None, INSTALL_HINT) from None
         # set_as_current=False: the training script may have a Celery app of its own.
@@ -49,7 +51,8 @@ class BrokerTransport:
         # Our own connection to *this* URL: Celery's default connection prefers the environment's
         # CELERY_BROKER_URL over the app's broker, which on a node that also runs Celery for
         # something else would send our batches there. Connecting is lazy (first publish).
-        self._connection = app.connection_for_write(self.url)
+        self._connection = app.connection_for_write(
+            self.url, transport=kombu_redis.transport_for(self.url))
         self._producer = app.amqp.Producer(self._connection)
         self._connection_errors = (OperationalError, OSError,
                                    *self._connection.connection_errors)
