@@ -502,7 +502,8 @@ class Bench:
             log_path = self.tmp / f"worker-{i}.log"
             # As in docker-compose.yml: one worker per box consuming both queues.
             worker_args = ["-Q", "ingest,runwatch", "--concurrency", str(args.concurrency),
-                           "--loglevel", "INFO", "-n", f"bench{i}-{os.getpid()}@%h"]
+                           "--pool", args.pool, "--loglevel", "INFO",
+                           "-n", f"bench{i}-{os.getpid()}@%h"]
             if args.profile:
                 command = [sys.executable, str(ROOT / "bench" / "profiled_worker.py"),
                            str(self.tmp), *worker_args]
@@ -971,6 +972,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="30 s of ingest, 2 × 6 s of COPY, 20 s of MLflow: for development")
     parser.add_argument("--workers", type=int, default=1, help="Celery worker processes (1)")
     parser.add_argument("--concurrency", type=int, default=2, help="pool size per worker (2)")
+    parser.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"],
+                        help="the workers' pool (prefork, as in production)")
     parser.add_argument("--prefetch", type=int, default=None,
                         help="CELERY_WORKER_PREFETCH_MULTIPLIER for the workers (settings default)")
     parser.add_argument("--conn-max-age", type=int, default=None,

@@ -60,28 +60,28 @@ class DrainedTask(Task):
 class _Received:
     """One message waiting in the buffer: what the pool process needs of it and how to settle it.
     Not a Celery Request: Celery 5.7's Request decodes the whole body when it is built, which in
-    this one process took a fifth of its time (py-spy, bench/README.md)."""
+    this one process took a fifth of its time (py-spy, bench/README.md). Settled through the
+    message itself, in the consumer's thread (``_settle``), so that a drain's acknowledgements
+    can share one round trip to the broker."""
 
-    __slots__ = ("id", "body", "content_type", "content_encoding", "decoded", "channel", "_ack",
-                 "_reject", "_connection_errors", "settled")
+    __slots__ = ("id", "body", "content_type", "content_encoding", "decoded", "message",
+                 "_connection_errors", "settled")
 
-    def __init__(self, message, message_id: str, body, decoded: bool, ack, reject,
-                 connection_errors):
+    def __init__(self, message, message_id: str, body, decoded: bool, connection_errors):
         self.id, self.body, self.decoded = message_id, body, decoded
         self.content_type, self.content_encoding = message.content_type, message.content_encoding
-        self.channel = message.channel
-        self._ack, self._reject, self._connection_errors = ack, reject, connection_errors
+        self.message, self._connection_errors = message, connection_errors
         self.settled = False
 
     def acknowledge(self) -> None:
         if not self.settled:
             self.settled = True
-            self._ack(log, self._connection_errors)
+            self.message.ack_log_error(log, self._connection_errors)
 
     def requeue(self) -> None:
         if not self.settled:
             self.settled = True
-            self._reject(log, self._connection_errors, True)
+            self.message.reject_log_error(log, self._connection_errors, requeue=True)
 
 
 class _DrainStrategy:
@@ -115,7 +115,7 @@ class _DrainStrategy:
             body, headers, decoded, _utc = hybrid_to_proto2(message, message.payload)
         else:
             body, headers, decoded, _utc = proto1_to_proto2(message, body)
-        received = _Received(message, headers.get("id"), body, decoded, ack, reject,
+        received = _Received(message, headers.get("id"), body, decoded,
                              self.consumer.connection_errors)
         with self.lock:
             self.buffer.append(received)
@@ -147,14 +147,7 @@ class _DrainStrategy:
 
         def on_return(requeue: list[str] | None) -> None:
             settled()
-            back = set(requeue or ())
-            # One round trip to Redis for the drain's acknowledgements instead of one each.
-            with kombu_redis.acks_together(received[0].channel):
-                for one in received:
-                    if one.id in back:
-                        one.requeue()
-                    else:
-                        one.acknowledge()
+            self._settle(received, set(requeue or ()))
 
         def on_error(error) -> None:
             # The pool process died (a SIGKILL, the OOM killer) or the drain raised: nothing of
@@ -164,11 +157,25 @@ class _DrainStrategy:
             log.error("%d messages of %s go back to the queue: %r", len(received), self.task.name,
                       cause)
             settled()
-            for one in received:
-                one.requeue()
+            self._settle(received, {one.id for one in received})
 
         self.pool.apply_async(run_drained, (self.task.name, messages), callback=on_return,
                               error_callback=on_error)
+
+    def _settle(self, received: list[_Received], requeue: set[str]) -> None:
+        """Acknowledges the messages (requeues those in ``requeue``) where Celery acknowledges
+        its own, in the consumer's thread (``call_soon_ack``), all in one call so that
+        ``acks_together`` sends the acknowledgements in one round trip instead of one each."""
+
+        def settle() -> None:
+            with kombu_redis.acks_together(received[0].message.channel):
+                for one in received:
+                    if one.id in requeue:
+                        one.requeue()
+                    else:
+                        one.acknowledge()
+
+        self.consumer.call_soon_ack(settle)
 
 
 def run_drained(task_name: str, messages: list[Drained]) -> list[str]:

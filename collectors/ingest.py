@@ -429,16 +429,17 @@ def _claim_rows(batches: list[dict[str, Any]], run_id: int) -> tuple[list[str], 
         row = "(" + ", ".join(f"%s::{field.db_type(connection)}" for field in fields) + ")"
     else:
         row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    # The row's values without a model instance per batch: Model.__init__, reading the clock for
+    # received_at's default, was over a third of the claim's CPU. The defaults are taken once.
+    defaults = {field.attname: field.get_default() for field in fields}
     params = []
     for batch in batches:
         source = batch["source"]
-        stored = IngestedBatch(
-            batch_id=batch["batch_id"], run_id=run_id, rank=source["rank"], host=source["host"],
-            local_rank=source.get("local_rank"), steps=len(batch["steps"]["step"]),
-            gpu_samples=len(batch["gpus"]["ts"]), events=len(batch["events"]),
-        )
-        params += [field.get_db_prep_save(getattr(stored, field.attname), connection)
-                   for field in fields]
+        values = {**defaults, "batch_id": batch["batch_id"], "run_id": run_id,
+                  "rank": source["rank"], "host": source["host"],
+                  "local_rank": source.get("local_rank"), "steps": len(batch["steps"]["step"]),
+                  "gpu_samples": len(batch["gpus"]["ts"]), "events": len(batch["events"])}
+        params += [field.get_db_prep_save(values[field.attname], connection) for field in fields]
     return ([connection.ops.quote_name(field.column) for field in fields],
             ", ".join([row] * len(batches)), params)
 
