@@ -108,10 +108,11 @@ class Worker:
 def start_worker(worker_env, private_broker_url, tmp_path) -> Iterator:
     started: list[Worker] = []
 
-    def start(args: list[str]) -> Worker:
+    def start(args: list[str], **settings: str) -> Worker:
         # Named sessions: other tests' workers may hold sessions on the same test database.
         env = dict(worker_env, CELERY_BROKER_URL=private_broker_url,
-                   DATABASE_URL=f"{worker_env['DATABASE_URL']}?application_name={WORKER_APP_NAME}")
+                   DATABASE_URL=f"{worker_env['DATABASE_URL']}?application_name={WORKER_APP_NAME}",
+                   **settings)
         worker = Worker(args, env, tmp_path / f"worker-{len(started)}.log")
         started.append(worker)
         return worker
@@ -215,3 +216,26 @@ def test_worker_reconnects_when_its_database_session_is_killed(start_worker, tra
     assert GpuSample.objects.count() == 80
     assert not RejectedBatch.objects.exists()
     assert worker_backends() and not (worker_backends() & before)
+
+
+def test_a_drain_acknowledges_its_batches_in_one_round_trip(start_worker, transport) -> None:
+    # A drain wait long enough for the twelve batches to arrive together.
+    start_worker(["worker", "-Q", "ingest,runwatch", "--concurrency", "1", "--loglevel", "INFO"],
+                 RUNWATCH_INGEST_DRAIN_WAIT_S="2")
+    broker = redis.Redis.from_url(transport.url)
+    broker.config_resetstat()
+    batches = [host_batch(f"node{h:03d}", 0) for h in range(12)]
+    for batch in batches:
+        transport.send(batch)
+    wait_for(lambda: all(stored(b) for b in batches), timeout=60, what="12 batches stored")
+    wait_for(lambda: broker.hlen("unacked") == 0, timeout=10, what="every message acknowledged")
+
+    stats = broker.info("commandstats")
+    # Each message is copied into the unacked hash in a transaction of its own (kombu's, on
+    # receipt) and acknowledged by a ZREM and an HDEL; the drain sends all its acknowledgements
+    # in one more transaction, where one each would make 24.
+    assert stats["cmdstat_zrem"]["calls"] == 12
+    assert stats["cmdstat_hdel"]["calls"] == 12
+    assert 12 < stats["cmdstat_exec"]["calls"] <= 12 + 3, stats["cmdstat_exec"]
+    assert GpuSample.objects.count() == 12 * 40
+    assert not RejectedBatch.objects.exists()
