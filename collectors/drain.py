@@ -175,7 +175,8 @@ class _DrainStrategy:
                     else:
                         one.acknowledge()
 
-        self.consumer.call_soon_ack(settle)
+        # Celery 5.7 has call_soon_ack; older versions only call_soon, which defers the same way.
+        getattr(self.consumer, "call_soon_ack", self.consumer.call_soon)(settle)
 
 
 def run_drained(task_name: str, messages: list[Drained]) -> list[str]:
