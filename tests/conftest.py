@@ -5,8 +5,12 @@ stand-in."""
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+from collections.abc import Iterator
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connection
 
@@ -102,3 +106,33 @@ def celery_worker_process(worker_env, tmp_path_factory, broker_url_session):
     yield worker
     # Stopped before django_db_setup's teardown drops the database it holds connections to.
     worker.stop()
+
+
+@pytest.fixture
+def private_broker_url(tmp_path) -> Iterator[str]:
+    """A redis-server of this test's own, for tests that read or count what reaches the broker:
+    in a whole-suite run the end-to-end tests' Celery worker consumes the shared broker's queues
+    and would take the messages."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, socket_connect_timeout=1)
+
+    def up() -> bool:
+        if server.poll() is not None:
+            raise RuntimeError(f"redis-server on port {port} exited with {server.returncode}")
+        try:
+            return bool(client.ping())
+        except redis.exceptions.ConnectionError:
+            return False
+
+    try:
+        e2e.wait_for(up, timeout=30, what="the private redis-server")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        server.kill()
+        server.wait()

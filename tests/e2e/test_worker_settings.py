@@ -7,7 +7,6 @@ Each test has a redis-server of its own, so the session's e2e worker cannot take
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -49,31 +48,6 @@ def test_every_task_is_routed_to_a_queue_the_production_worker_consumes() -> Non
     assert routed["collectors.detect_stalls"] != "ingest"
     assert routed["alerts.deliver"] != "ingest"
     assert {name: queue for name, queue in routed.items() if queue not in queues} == {}
-
-
-@pytest.fixture
-def private_broker_url(tmp_path) -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, socket_connect_timeout=1)
-
-    def up() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.exceptions.ConnectionError:
-            return False
-
-    try:
-        wait_for(up, timeout=30, what="the private redis-server")
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        client.close()
-        server.kill()
-        server.wait()
 
 
 class Worker:

@@ -7,7 +7,6 @@ import copy
 import gzip
 import json
 import socket
-import subprocess
 import threading
 import time
 from collections import deque
@@ -17,7 +16,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-import redis
 
 from trainer_plugin.protocol import ProtocolError, validate_batch
 
@@ -149,38 +147,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 @pytest.fixture
 def closed_port_url() -> str:
     """An http URL on which nothing listens."""
-    import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture
-def private_broker_url(tmp_path) -> Iterator[str]:
-    """A redis-server of this test's own: in a whole-suite run the end-to-end tests' Celery worker
-    (pytest-django runs them first) consumes the shared broker's `ingest` queue, and would take
-    the messages this test reads."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, socket_connect_timeout=1)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        client.close()
-        server.kill()
-        server.wait()
