@@ -317,6 +317,10 @@ SELECT pg_total_relation_size(%(t)s::regclass)
 """
 
 
+# How far back each poll looks for batches that committed after newer ones (see _poll_batches).
+POLL_LOOKBACK = timedelta(seconds=10)
+
+
 class Monitor(threading.Thread):
     def __init__(self, bench: Bench, poll_s: float, size_every_s: float):
         super().__init__(name="bench-monitor", daemon=True)
@@ -345,17 +349,22 @@ class Monitor(threading.Thread):
                         self.size_now(db)
                         next_size = now + self.size_every_s
                     self.stop_event.wait(self.poll_s)
-                self._poll_batches(db)
+                self._poll_batches(db, lookback=None)
                 self._poll_processes(db)
         except Exception as error:  # reported by the main thread, which stops the run
             self.seen.error = f"the monitor failed: {error!r}"
 
-    def _poll_batches(self, db) -> None:
+    def _poll_batches(self, db, lookback: timedelta | None = POLL_LOOKBACK) -> None:
         # Batches commit out of order (several workers) and received_at is stamped before the
-        # commit, so each poll looks two minutes back; the set keeps each batch counted once.
+        # commit, so each poll looks back a little; the set keeps each batch counted once. Not
+        # further: the monitor shares the cores it measures, and a two-minute look-back fetched
+        # ~24k rows twice a second (6% of a core in the bench process alone). A batch that took
+        # longer than the look-back to commit is still found by the last poll, which looks back
+        # to the start, and counts as visible only then.
+        since = datetime(2000, 1, 1, tzinfo=UTC) if lookback is None else self._newest - lookback
         rows = db.execute(
             "SELECT batch_id, gpu_samples, steps, received_at FROM collectors_ingestedbatch "
-            "WHERE received_at > %s", (self._newest - timedelta(minutes=2),)).fetchall()
+            "WHERE received_at > %s", (since,)).fetchall()
         wall, mono = time.time(), time.monotonic()
         for batch_id, gpu_samples, steps, received_at in rows:
             key = str(batch_id)
