@@ -64,12 +64,10 @@ class _Received:
     message itself, in the consumer's thread (``_settle``), so that a drain's acknowledgements
     can share one round trip to the broker."""
 
-    __slots__ = ("id", "body", "content_type", "content_encoding", "decoded", "message",
-                 "_connection_errors", "settled")
+    __slots__ = ("id", "body", "decoded", "message", "_connection_errors", "settled")
 
     def __init__(self, message, message_id: str, body, decoded: bool, connection_errors):
         self.id, self.body, self.decoded = message_id, body, decoded
-        self.content_type, self.content_encoding = message.content_type, message.content_encoding
         self.message, self._connection_errors = message, connection_errors
         self.settled = False
 
@@ -142,7 +140,7 @@ class _DrainStrategy:
 
         # The body goes to the pool process as it came (bytes pickle cheaply); it is decoded there,
         # as Celery's own strategy does, so this process only moves messages.
-        messages = [(r.id, r.body, r.content_type, r.content_encoding, r.decoded)
+        messages = [(r.id, r.body, r.message.content_type, r.message.content_encoding, r.decoded)
                     for r in received]
 
         def on_return(requeue: list[str] | None) -> None:

@@ -141,8 +141,8 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=not CELE
 if not CELERY_BROKER_URL:
     CELERY_BROKER_URL = "memory://"
 CELERY_TASK_EAGER_PROPAGATES = False
-# kombu's Redis transport reusing one client per channel (trainer_plugin/transports/kombu_redis.py):
-# every received message costs the worker three Redis commands, and kombu built a client for each.
+# kombu's Redis transport with one client per channel, on which a drain acknowledges its messages
+# in one round trip (trainer_plugin/transports/kombu_redis.py); kombu built a client per command.
 CELERY_BROKER_TRANSPORT = kombu_redis.transport_for(CELERY_BROKER_URL)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

@@ -147,7 +147,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 @pytest.fixture
 def closed_port_url() -> str:
     """An http URL on which nothing listens."""
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
