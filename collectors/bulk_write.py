@@ -90,7 +90,7 @@ def write_many(model: type[Model], tables: Sequence[Table]) -> None:
     # which are per-row lists, so tables are grouped by that order: one COPY per order, and in
     # practice one in all (every batch of a model has the same shape).
     by_order: dict[tuple, list[bytes]] = {}
-    for table in tables:
+    for table in _merged(tables):
         # Variable-width fields go last: each row is then its fixed part followed by them.
         ordered = tuple(sorted(table.columns, key=lambda c: not _is_fixed(c[1], table.data[c[0]])))
         payload = copy_payload(ordered, table.data, table.length)
@@ -104,6 +104,69 @@ def write_many(model: type[Model], tables: Sequence[Table]) -> None:
                 f'COPY "{model._meta.db_table}" ({names}) FROM STDIN (FORMAT BINARY)'
             ) as copy:
                 copy.write(_SIGNATURE + b"".join(bodies) + _TRAILER)
+
+
+def _merged(tables: Sequence[Table]) -> list[Table]:
+    """The tables as few tables as their shapes allow: those whose every column has the same form
+    (a constant, an array of one dtype, masked or not, per-row texts) become one, each constant
+    that differs between them becoming a column of its per-row values. Building a COPY payload
+    costs a few dozen numpy calls whatever its length, which for a drain of 32 batches of 480 GPU
+    rows was most of the payload's cost (bench/README.md); concatenated, they are paid once."""
+    if len(tables) < 2:
+        return list(tables)
+    groups: dict[tuple, list[Table]] = {}
+    for table in tables:
+        groups.setdefault(_form(table), []).append(table)
+    return [group[0] if len(group) == 1 else _concatenated(group) for group in groups.values()]
+
+
+def _form(table: Table) -> tuple:
+    """What must match for tables to be concatenated column by column: each column's kind of
+    value, and for a constant string its encoded length (it becomes a fixed-width column)."""
+    form = []
+    for name, kind in table.columns:
+        value = table.data[name]
+        if isinstance(value, JsonTexts):
+            form.append("texts")
+        elif isinstance(value, list):
+            form.append("list")
+        elif isinstance(value, np.ma.MaskedArray):
+            form.append(("masked", value.dtype.str))
+        elif isinstance(value, np.ndarray):
+            form.append(("array", value.dtype.str))
+        elif value is None:
+            form.append("null")
+        elif kind in ("varchar", "jsonb"):
+            form.append(("bytes", len(_constant_bytes(kind, value))))
+        else:
+            form.append(("constant", type(value)))
+    return (tuple(table.columns), tuple(form))
+
+
+def _concatenated(tables: list[Table]) -> Table:
+    """Tables of one form (see _form) as one."""
+    first = tables[0]
+    lengths = [table.length for table in tables]
+    data: dict[str, Any] = {}
+    for name, kind in first.columns:
+        values = [table.data[name] for table in tables]
+        head = values[0]
+        if isinstance(head, JsonTexts):
+            data[name] = JsonTexts(text for texts in values for text in texts)
+        elif isinstance(head, list):
+            data[name] = [value for column in values for value in column]
+        elif isinstance(head, np.ma.MaskedArray):
+            data[name] = np.ma.concatenate(values)
+        elif isinstance(head, np.ndarray):
+            data[name] = np.concatenate(values)
+        elif all(value == head and type(value) is type(head) for value in values[1:]):
+            data[name] = head  # the same constant (or null) in every table stays one
+        elif kind in ("varchar", "jsonb"):
+            encoded = [_constant_bytes(kind, value) for value in values]
+            data[name] = np.repeat(np.array(encoded, dtype=f"S{len(encoded[0])}"), lengths)
+        else:
+            data[name] = np.repeat(np.asarray(values, dtype=_FIXED[kind].lstrip(">")), lengths)
+    return Table(first.columns, data, sum(lengths))
 
 
 def _is_fixed(kind: str, value: Any) -> bool:
@@ -127,6 +190,8 @@ def _fixed_column(kind: str, value: Any, length: int) -> tuple[np.dtype, Any, np
         dtype = np.dtype(_FIXED.get(kind, "S1"))
         return dtype, 0, np.ones(length, dtype=bool)
     if kind in ("varchar", "jsonb"):
+        if isinstance(value, np.ndarray):  # per-row strings of one encoded length (_merged)
+            return value.dtype, value, None
         encoded = _constant_bytes(kind, value)
         return np.dtype(f"S{max(len(encoded), 1)}"), encoded, None
     dtype = np.dtype(_FIXED[kind])

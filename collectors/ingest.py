@@ -389,17 +389,28 @@ def _check(key: tuple[int, str, int], cached: tuple[int, int]) -> Placement | No
     return Placement(cached[0], cached[1], key[2], *found) if found is not None else None
 
 
-_PG_CHECK_AND_CLAIM = """
+# The claimed batches' rows travel as one array per column (unnest), so the statement's text and
+# parameters are a dozen whatever the number of batches: a VALUES list with a typed placeholder per
+# field cost more Python to build and PostgreSQL to parse than the insert itself.
+_PG_CLAIM = f"""
+INSERT INTO {IngestedBatch._meta.db_table}
+    (batch_id, run_id, rank, host, local_rank, received_at, steps, gpu_samples, events)
+SELECT v.batch_id, %(run)s, v.rank, v.host, v.local_rank, %(received_at)s, v.steps, v.gpu_samples,
+       v.events
+FROM unnest(%(batch_ids)s::uuid[], %(ranks)s::int8[], %(hosts)s::text[], %(local_ranks)s::int8[],
+            %(steps)s::int8[], %(gpu_samples)s::int8[], %(events)s::int8[])
+     AS v(batch_id, rank, host, local_rank, steps, gpu_samples, events)
+{{where}}
+ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id
+"""
+_PG_CHECK_AND_CLAIM = f"""
 WITH place AS (
     SELECT a.started_at, r.config <> '{{}}'::jsonb, r.world_size, r.first_seen_at,
            r.last_seen_at, r.last_step
-    FROM {attempt} a JOIN {run} r ON r.id = a.run_id
-    WHERE a.id = %s AND r.id = %s AND a.number = %s AND r.project_id = %s AND r.name = %s
-), claimed AS (
-    INSERT INTO {batch} ({columns}) SELECT * FROM (VALUES {rows}) AS v
-    WHERE EXISTS (SELECT FROM place)
-    ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id
-)
+    FROM {Attempt._meta.db_table} a JOIN {Run._meta.db_table} r ON r.id = a.run_id
+    WHERE a.id = %(attempt)s AND r.id = %(run)s AND a.number = %(number)s
+      AND r.project_id = %(project)s AND r.name = %(name)s
+), claimed AS ({_PG_CLAIM.format(where="WHERE EXISTS (SELECT FROM place)")})
 SELECT place.*, ARRAY(SELECT batch_id::text FROM claimed) FROM place
 """
 
@@ -408,12 +419,10 @@ def _check_and_claim(key: tuple[int, str, int], cached: tuple[int, int],
                      batches: list[dict[str, Any]]) -> tuple[Placement, set[str]] | None:
     """_check and _claim in one statement (PostgreSQL): the steady state of a run's batches costs
     one round trip before the rows. None when the cached rows are gone (nothing claimed then)."""
-    columns, rows, params = _claim_rows(batches, cached[0])
-    sql = _PG_CHECK_AND_CLAIM.format(
-        attempt=Attempt._meta.db_table, run=Run._meta.db_table,
-        batch=IngestedBatch._meta.db_table, columns=", ".join(columns), rows=rows)
+    params = {**_claim_arrays(batches, cached[0]), "attempt": cached[1], "number": key[2],
+              "project": key[0], "name": key[1]}
     with connection.cursor() as cursor:
-        cursor.execute(sql, [cached[1], cached[0], key[2], key[0], key[1], *params])
+        cursor.execute(_PG_CHECK_AND_CLAIM, params)
         found = cursor.fetchone()
     if found is None:
         return None
@@ -421,14 +430,26 @@ def _check_and_claim(key: tuple[int, str, int], cached: tuple[int, int],
     return Placement(cached[0], cached[1], key[2], *progress), set(claimed)
 
 
+def _claim_arrays(batches: list[dict[str, Any]], run_id: int) -> dict[str, Any]:
+    """_PG_CLAIM's parameters: the batches' IngestedBatch fields, one list per column."""
+    sources = [batch["source"] for batch in batches]
+    return {
+        "run": run_id, "received_at": django_tz.now(),
+        "batch_ids": [str(batch["batch_id"]) for batch in batches],
+        "ranks": [source["rank"] for source in sources],
+        "hosts": [source["host"] for source in sources],
+        "local_ranks": [source.get("local_rank") for source in sources],
+        "steps": [len(batch["steps"]["step"]) for batch in batches],
+        "gpu_samples": [len(batch["gpus"]["ts"]) for batch in batches],
+        "events": [len(batch["events"]) for batch in batches],
+    }
+
+
 def _claim_rows(batches: list[dict[str, Any]], run_id: int) -> tuple[list[str], str, list[Any]]:
-    """IngestedBatch's columns, a VALUES list with a typed placeholder per field (a NULL in a
-    VALUES list would otherwise be text), and the batches' values for them."""
+    """IngestedBatch's columns, a VALUES list with a placeholder per field, and the batches'
+    values for them (databases other than PostgreSQL, which takes _PG_CLAIM)."""
     fields = IngestedBatch._meta.concrete_fields
-    if connection.vendor == "postgresql":
-        row = "(" + ", ".join(f"%s::{field.db_type(connection)}" for field in fields) + ")"
-    else:
-        row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     # The row's values without a model instance per batch: Model.__init__, reading the clock for
     # received_at's default, was over a third of the claim's CPU. The defaults are taken once.
     defaults = {field.attname: field.get_default() for field in fields}
@@ -447,6 +468,10 @@ def _claim_rows(batches: list[dict[str, Any]], run_id: int) -> tuple[list[str], 
 def _claim(batches: list[dict[str, Any]], run_id: int) -> set[str]:
     """Records the batch ids; returns those that were not there yet (the rest are redeliveries).
     One INSERT ... ON CONFLICT DO NOTHING rather than a savepoint around each create."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_PG_CLAIM.format(where=""), _claim_arrays(batches, run_id))
+            return {str(found) for (found,) in cursor.fetchall()}
     columns, rows, params = _claim_rows(batches, run_id)
     quote = connection.ops.quote_name
     with connection.cursor() as cursor:

@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 
 from collectors import bulk_write
 from collectors.models import Attempt, Event, GpuSample, Run, StepMetric
-from collectors.tasks import ingest_batch
+from collectors.tasks import ingest_batch, store_drained
 from trainer_plugin import protocol
 
 # Fractions that round differently under careless arithmetic: half a microsecond (to even), just
@@ -58,7 +58,7 @@ def reference_write(batch: dict, run: Run, attempt: Attempt) -> None:
     extra_names = [m for m in metrics if m not in ("loss", "lr", "grad_norm")]
     step_rows = [
         (run.pk, attempt.pk, source["rank"], step, when(ts), duration, tokens,
-         metrics["loss"][i], None, metrics["grad_norm"][i],
+         metrics["loss"][i] if "loss" in metrics else None, None, metrics["grad_norm"][i],
          Jsonb({m: metrics[m][i] for m in extra_names if metrics[m][i] is not None}))
         for i, (step, ts, duration, tokens) in enumerate(
             zip(steps["step"], steps["ts"], steps["duration_s"], steps["tokens"], strict=True))
@@ -122,6 +122,39 @@ def test_copy_stores_exactly_what_the_row_by_row_path_stored(token, extra_nulls)
     assert boundary.ts == datetime(2026, 12, 3, 10, 1, tzinfo=UTC)
     assert (boundary.host, boundary.sm_clock_mhz, boundary.throttle) == (HOST, None, 4)
     assert GpuSample.objects.get(run=fast, gpu=2).throttle == 2**62
+
+
+def test_batches_stored_together_store_what_each_stored_alone_would(token):
+    # One drain's batches are concatenated into one COPY per table where their columns have the
+    # same form: hosts of one encoded length become a fixed-width column, differing constants
+    # (rank, simulated) per-row values; other forms (extra as dicts, an absent metric, a host of
+    # another length) are written beside them.
+    def variant(host: str, rank: int, *, extra_nulls=False, simulated=True, loss=True) -> dict:
+        batch = tricky_batch(extra_nulls=extra_nulls)
+        batch["source"].update(host=host, rank=rank)
+        batch["gpus"]["simulated"] = simulated
+        if not loss:
+            del batch["steps"]["metrics"]["loss"]
+        return batch
+
+    batches = [variant(HOST, 0), variant("node-2", 1, simulated=False), variant("node-3", 2),
+               variant("node-4", 3, extra_nulls=True), variant("node-55", 4, loss=False),
+               variant("node-6", 5, simulated=False)]
+    store_drained([(str(i), copy.deepcopy(batch), token) for i, batch in enumerate(batches)])
+    together = Run.objects.get(name="fast")
+    reference = Run.objects.create(project=together.project, name="reference")
+    attempt = Attempt.objects.create(run=reference, number=0)
+    for batch in batches:
+        reference_write(protocol.validate_batch(copy.deepcopy(batch)), reference, attempt)
+
+    for model, order in ((StepMetric, ("ts", "rank", "step")), (GpuSample, ("ts", "host", "gpu")),
+                         (Event, ("ts", "host", "kind"))):
+        expected = stored(model, reference, order)
+        per_batch = len(batches[0]["events"] if model is Event else TIMESTAMPS)
+        assert len(expected) == per_batch * len(batches)
+        assert stored(model, together, order) == expected, model.__name__
+    assert set(GpuSample.objects.filter(run=together, simulated=False)
+               .values_list("host", flat=True)) == {"node-2", "node-6"}
 
 
 def test_a_value_too_large_for_its_column_is_refused_not_wrapped(db):

@@ -71,6 +71,32 @@ def test_each_result_says_whether_its_batch_was_stored(token):
     assert IngestedBatch.objects.count() == 3
 
 
+def test_each_claimed_batch_keeps_its_source_and_counts(token):
+    # The first group claims through the run's creation, the second through the cached placement
+    # (one statement with the run check): both record every field of every batch.
+    first = step_batch(rank=0, count=3, first_step=0)
+    first["source"].update(host="node-a", local_rank=7)
+    later = [step_batch(rank=9, world_size=16, count=2, gpus=3),
+             step_batch(rank=12, world_size=16, count=1, first_step=5)]
+    later[0]["source"].update(host="node-b", local_rank=1)
+    later[1]["source"].update(host="node-ü", local_rank=4)
+    later[1]["events"] = [{"kind": "heartbeat", "ts": time.time()}]
+    before = time.time()
+    store(token, [first])
+    store(token, later)
+
+    rows = {str(row.batch_id): row for row in IngestedBatch.objects.all()}
+    assert {batch_id: (row.rank, row.host, row.local_rank, row.steps, row.gpu_samples, row.events)
+            for batch_id, row in rows.items()} == {
+        first["batch_id"]: (0, "node-a", 7, 3, 0, 0),
+        later[0]["batch_id"]: (9, "node-b", 1, 2, 3, 0),
+        later[1]["batch_id"]: (12, "node-ü", 4, 1, 0, 1),
+    }
+    run = Run.objects.get(name="run-1")
+    assert all(row.run_id == run.pk and row.received_at.timestamp() >= before - 1
+               for row in rows.values())
+
+
 def test_progress_and_status_fold_over_the_batches_in_time_order(token):
     now = time.time()
     results = store(token, [
