@@ -150,7 +150,7 @@ def record_rejection(batch: Any, reason: str, field: str | None = None) -> None:
 
 
 def _step_table(steps: dict[str, Any], run_id: int, attempt_id: int,
-                rank: int) -> tuple[bulk_write.Table, rollups.Groups]:
+                rank: int) -> tuple[bulk_write.Table, rollups.StepRows]:
     length = len(steps["step"])
     metrics: dict[str, list] = steps["metrics"]
     ts = columns.epoch_micros(steps["ts"])
@@ -166,7 +166,7 @@ def _step_table(steps: dict[str, Any], run_id: int, attempt_id: int,
         "extra": _extra(metrics, length),
     }, length)
     loss = columns.floats(metrics.get("loss"), length)
-    return table, rollups.step_groups(ts, step, duration, tokens, loss)
+    return table, rollups.StepRows(run_id, rank, ts, step, duration, tokens, loss)
 
 
 _JSON_NUMBER_TYPES = frozenset({float, int})
@@ -190,7 +190,7 @@ def _extra(metrics: dict[str, list], length: int) -> dict | list:
 
 
 def _gpu_table(gpus: dict[str, Any], run_id: int, attempt_id: int,
-               host: str) -> tuple[bulk_write.Table, rollups.Groups]:
+               host: str) -> tuple[bulk_write.Table, rollups.GpuRows]:
     length = len(gpus["ts"])
     ts = columns.epoch_micros(gpus["ts"])
     gpu = np.asarray(gpus["gpu"], dtype=np.int64)
@@ -201,9 +201,8 @@ def _gpu_table(gpus: dict[str, Any], run_id: int, attempt_id: int,
         "run_id": run_id, "attempt_id": attempt_id, "host": host, "gpu": gpu, "ts": ts,
         **measured, "throttle": throttle, "simulated": gpus["simulated"],
     }, length)
-    groups = rollups.gpu_groups(ts, gpu, measured["temp_c"], measured["power_w"],
-                                measured["util_pct"], measured["sm_clock_mhz"], throttle)
-    return table, groups
+    return table, rollups.GpuRows(run_id, host, ts, gpu, measured["temp_c"], measured["power_w"],
+                                  measured["util_pct"], measured["sm_clock_mhz"], throttle)
 
 
 def _event_table(events: list[dict[str, Any]], run_id: int, attempt_id: int, rank: int,
@@ -533,21 +532,23 @@ def store_batches(items: list[tuple[dict[str, Any], int]]) -> list[StoreResult]:
 def _write_rows(stored: list[tuple[dict[str, Any], Placement]]) -> None:
     """The claimed batches' rows, rollups, checkpoints and interruptions, and what they say of
     their run's progress and status (in the caller's transaction)."""
-    step_tables, gpu_tables, event_tables, parts, checkpoints = [], [], [], [], []
+    step_tables, gpu_tables, event_tables, checkpoints = [], [], [], []
+    step_rows, gpu_rows = [], []
     for batch, place in stored:
         rank, host = batch["source"]["rank"], batch["source"]["host"]
-        step_table, step_groups = _step_table(batch["steps"], place.run_id, place.attempt_id, rank)
-        gpu_table, gpu_groups = _gpu_table(batch["gpus"], place.run_id, place.attempt_id, host)
+        step_table, steps = _step_table(batch["steps"], place.run_id, place.attempt_id, rank)
+        gpu_table, gpus = _gpu_table(batch["gpus"], place.run_id, place.attempt_id, host)
         step_tables.append(step_table)
         gpu_tables.append(gpu_table)
+        step_rows.append(steps)
+        gpu_rows.append(gpus)
         event_tables.append(_event_table(batch["events"], place.run_id, place.attempt_id, rank,
                                          host))
-        parts.append(rollups.Part(place.run_id, rank, host, step_groups, gpu_groups))
         checkpoints += _checkpoints(batch, place.run_id, place.attempt_id, rank)
     bulk_write.write_many(StepMetric, step_tables)
     bulk_write.write_many(GpuSample, gpu_tables)
     bulk_write.write_many(Event, event_tables)
-    rollups.add_many(parts)
+    rollups.add(step_rows, gpu_rows)
     if checkpoints:
         Checkpoint.objects.bulk_create(checkpoints)
 

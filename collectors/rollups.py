@@ -68,7 +68,8 @@ _PG_TYPES = {"host": "text", "rank": "int8", "gpu": "int8", "minute": "int8", "h
 
 @dataclass(frozen=True)
 class Groups:
-    """One batch's aggregates: per column, one value per group (a minute, or a minute and GPU)."""
+    """Aggregates with their keys: per column, one value per group (a rank's minute, a GPU's
+    minute or hour), in key order."""
 
     columns: dict[str, list]
 
@@ -76,122 +77,177 @@ class Groups:
         return len(next(iter(self.columns.values()), []))
 
 
-# --- aggregation of one batch ------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepRows:
+    """A rank's steps (one batch's, or all of them on a rebuild). Floats are NaN where null;
+    tokens masked; timestamps int64 microseconds since the Unix epoch."""
+
+    run_id: int
+    rank: int
+    ts: np.ndarray
+    step: np.ndarray
+    duration: np.ndarray
+    tokens: np.ma.MaskedArray
+    loss: np.ndarray
+
+
+@dataclass(frozen=True)
+class GpuRows:
+    """A host's GPU samples (one batch's, or all of them on a rebuild), as StepRows."""
+
+    run_id: int
+    host: str
+    ts: np.ndarray
+    gpu: np.ndarray
+    temp: np.ndarray
+    power: np.ndarray
+    util: np.ndarray
+    clock: np.ndarray
+    throttle: np.ma.MaskedArray
+
+
+# --- aggregation -------------------------------------------------------------------------------
 
 
 class _Grouping:
-    """Rows sorted by group key once, so that each column's per-group counts, sums and extremes
-    are one ``reduceat`` over contiguous runs (several times faster than ``ufunc.at`` on the
-    unsorted rows, which was the largest part of a batch's rollup work: 219 -> 113 µs for 480 GPU
-    samples). A sum may differ from a sequential one in the last bits (numpy sums pairwise)."""
+    """Rows sorted by their group's key once, so that each column's per-group counts, sums and
+    extremes are one ``reduceat`` over contiguous runs (several times faster than ``ufunc.at`` on
+    the unsorted rows). The key is one or more columns, compared in order. A sum may differ from
+    a sequential one in the last bits (numpy sums pairwise)."""
 
-    def __init__(self, keys: np.ndarray):
-        self.order = np.argsort(keys, kind="stable")
-        ordered = keys[self.order]
-        self.starts = (np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-                       if len(keys) else np.empty(0, dtype=np.int64))
-        self.keys = ordered[self.starts]
-        self.sizes = np.diff(np.append(self.starts, len(keys)))
+    def __init__(self, *keys: np.ndarray):
+        n = len(keys[0])
+        self.order = (np.argsort(keys[0], kind="stable") if len(keys) == 1
+                      else np.lexsort(keys[::-1]))  # lexsort: the last key sorts first; stable
+        ordered = [key[self.order] for key in keys]
+        new = np.zeros(n, dtype=bool)
+        if n:
+            new[0] = True
+            for key in ordered:
+                new[1:] |= key[1:] != key[:-1]
+        self.starts = np.flatnonzero(new)
+        self.keys = tuple(key[self.starts] for key in ordered)
+        self.sizes = np.diff(np.append(self.starts, n))
 
-    def count_and_sum(self, values: np.ndarray) -> tuple[list, list]:
-        if not len(self.starts):  # reduceat cannot reduce nothing
-            return [], []
-        values = values[self.order]
-        present = ~np.isnan(values)
-        counts = np.add.reduceat(present.astype(np.int64), self.starts)
-        sums = np.add.reduceat(np.where(present, values, 0.0), self.starts)
-        return counts.tolist(), sums.tolist()
-
-    def extreme(self, values: np.ndarray, which: str) -> list:
-        # fmax/fmin skip NaN (a null); a group of nulls only stays NaN, stored as NULL.
-        if not len(self.starts):
-            return []
-        reduce = np.fmax if which == MAX else np.fmin
-        found = reduce.reduceat(values[self.order], self.starts)
-        return [None if v != v else v for v in found.tolist()]
+    def __len__(self) -> int:
+        return len(self.starts)
 
     def reduce(self, ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
-        if not len(self.starts):
+        if not len(self.starts):  # reduceat cannot reduce nothing
             return np.empty(0, dtype=np.asarray(values).dtype)
         return ufunc.reduceat(values[self.order], self.starts)
 
+    def count_and_sum(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per group, the values that are not null (NaN) and their sum."""
+        present = ~np.isnan(values)
+        return (self.reduce(np.add, present.astype(np.int64)),
+                self.reduce(np.add, np.where(present, values, 0.0)))
 
-def step_groups(ts_micros: np.ndarray, step: np.ndarray, duration: np.ndarray,
-                tokens: np.ma.MaskedArray, loss: np.ndarray) -> Groups:
-    """A rank's steps by the minute they ended in. Floats are NaN where null; tokens masked."""
-    by = _Grouping(ts_micros // MICROS_PER_MINUTE)
+    def extreme(self, values: np.ndarray, which: str) -> np.ndarray:
+        # fmax/fmin skip NaN (a null); a group of nulls only stays NaN, stored as NULL.
+        return self.reduce(np.fmax if which == MAX else np.fmin, values)
+
+
+def _owners(keys: list[tuple]) -> tuple[list[tuple], np.ndarray]:
+    """The distinct keys sorted (so that groups come out in key order, and concurrent workers
+    lock rows in one order) and each given key's index among them."""
+    owners = sorted(set(keys))
+    index = {owner: i for i, owner in enumerate(owners)}
+    return owners, np.asarray([index[key] for key in keys], dtype=np.int64)
+
+
+def _nullable(values: np.ndarray) -> list:
+    return [None if v != v else v for v in values.tolist()]
+
+
+def step_groups(rows: list[StepRows]) -> Groups:
+    """StepMinute's rows for the given steps: per run, rank and minute the step ended in, all
+    ranks at once (one sort for a whole drain rather than one per batch)."""
+    rows = [r for r in rows if len(r.ts)]
+    if not rows:
+        return Groups({})
+    owners, which = _owners([(r.run_id, r.rank) for r in rows])
+    owner = np.repeat(which, [len(r.ts) for r in rows])
+    ts = np.concatenate([r.ts for r in rows])
+    by = _Grouping(owner, ts // MICROS_PER_MINUTE)
+    duration = np.concatenate([r.duration for r in rows])
+    loss = np.concatenate([r.loss for r in rows])
+    tokens = np.concatenate([np.ma.filled(r.tokens, 0) for r in rows])
     duration_n, duration_sum = by.count_and_sum(duration)
     loss_n, loss_sum = by.count_and_sum(loss)
+    keys = [owners[i] for i in by.keys[0].tolist()]
     return Groups({
-        "minute": (by.keys * 60).tolist(),
+        "run_id": [run for run, _ in keys], "rank": [rank for _, rank in keys],
+        "minute": (by.keys[1] * 60).tolist(),
         "steps": by.sizes.tolist(),
-        "last_step": by.reduce(np.maximum, step).tolist(),
-        "duration_n": duration_n, "duration_sum": duration_sum,
-        "duration_max": by.extreme(duration, MAX),
-        "tokens": by.reduce(np.add, np.ma.filled(tokens, 0)).tolist(),
-        "loss_n": loss_n, "loss_sum": loss_sum,
+        "last_step": by.reduce(np.maximum, np.concatenate([r.step for r in rows])).tolist(),
+        "duration_n": duration_n.tolist(), "duration_sum": duration_sum.tolist(),
+        "duration_max": _nullable(by.extreme(duration, MAX)),
+        "tokens": by.reduce(np.add, tokens).tolist(),
+        "loss_n": loss_n.tolist(), "loss_sum": loss_sum.tolist(),
     })
 
 
-def gpu_groups(ts_micros: np.ndarray, gpu: np.ndarray, temp: np.ndarray, power: np.ndarray,
-               util: np.ndarray, clock: np.ndarray, throttle: np.ma.MaskedArray) -> Groups:
-    """One host's samples by GPU and minute. Floats are NaN where null; throttle masked."""
-    by = _Grouping((ts_micros // MICROS_PER_MINUTE) * 65_536 + gpu)
-    bits = np.ma.filled(throttle, 0)
-    temp_n, temp_sum = by.count_and_sum(temp)
-    power_n, power_sum = by.count_and_sum(power)
-    util_n, util_sum = by.count_and_sum(util)
-    clock_n, clock_sum = by.count_and_sum(clock)
-    return Groups({
-        "gpu": (by.keys % 65_536).tolist(),
-        "minute": ((by.keys // 65_536) * 60).tolist(),
-        "samples": by.sizes.tolist(),
-        "temp_n": temp_n, "temp_sum": temp_sum, "temp_max": by.extreme(temp, MAX),
-        "power_n": power_n, "power_sum": power_sum,
-        "power_min": by.extreme(power, MIN),
-        "power_max": by.extreme(power, MAX),
-        "util_n": util_n, "util_sum": util_sum,
-        "clock_n": clock_n, "clock_sum": clock_sum, "clock_min": by.extreme(clock, MIN),
-        "throttled": by.reduce(np.add, ((bits & THROTTLING_MASK) != 0).astype(np.int64)).tolist(),
-        "throttle_bits": by.reduce(np.bitwise_or, bits.astype(np.int64)).tolist(),
-    })
+def gpu_groups(rows: list[GpuRows]) -> tuple[Groups, Groups]:
+    """GpuMinute's and GpuHour's rows for the given samples: per run, host, GPU and minute (and
+    hour), all hosts at once."""
+    rows = [r for r in rows if len(r.ts)]
+    if not rows:
+        return Groups({}), Groups({})
+    owners, which = _owners([(r.run_id, r.host) for r in rows])
+    owner = np.repeat(which, [len(r.ts) for r in rows])
+    ts = np.concatenate([r.ts for r in rows])
+    by = _Grouping(owner, np.concatenate([r.gpu for r in rows]), ts // MICROS_PER_MINUTE)
+    bits = np.concatenate([np.ma.filled(r.throttle, 0) for r in rows]).astype(np.int64)
+    minutes: dict[str, np.ndarray] = {"samples": by.sizes}
+    for name, values in (("temp", [r.temp for r in rows]), ("power", [r.power for r in rows]),
+                         ("util", [r.util for r in rows]), ("clock", [r.clock for r in rows])):
+        values = np.concatenate(values)
+        minutes[f"{name}_n"], minutes[f"{name}_sum"] = by.count_and_sum(values)
+        for which_extreme in (MAX, MIN):
+            column = f"{name}_{which_extreme}"
+            if column in _GPU_VALUE_NAMES:
+                minutes[column] = by.extreme(values, which_extreme)
+    minutes["throttled"] = by.reduce(np.add, ((bits & THROTTLING_MASK) != 0).astype(np.int64))
+    minutes["throttle_bits"] = by.reduce(np.bitwise_or, bits)
+    owner_of, gpu, minute = by.keys
+    minute = minute * 60
+    # A GPU's minutes of one hour are contiguous (sorted by owner, GPU, minute): merged as
+    # GPU_VALUES say into one row each.
+    hour = minute - minute % 3600
+    by_hour = _Grouping(owner_of, gpu, hour)
+    ufuncs = {ADD: np.add, MAX: np.fmax, MIN: np.fmin, OR: np.bitwise_or}
+    hours = {name: by_hour.reduce(ufuncs[how], minutes[name]) for name, how in GPU_VALUES}
+    return (_gpu_rows(owners, owner_of, gpu, "minute", minute, minutes),
+            _gpu_rows(owners, *by_hour.keys[:2], "hour", by_hour.keys[2], hours))
+
+
+_GPU_VALUE_NAMES = {name for name, _ in GPU_VALUES}
+
+
+def _gpu_rows(owners: list[tuple], owner_of: np.ndarray, gpu: np.ndarray, when: str,
+              at: np.ndarray, values: dict[str, np.ndarray]) -> Groups:
+    keys = [owners[i] for i in owner_of.tolist()]
+    columns = {"run_id": [run for run, _ in keys], "host": [host for _, host in keys],
+               "gpu": gpu.tolist(), when: at.tolist()}
+    for name, how in GPU_VALUES:
+        columns[name] = _nullable(values[name]) if how in (MAX, MIN) else values[name].tolist()
+    return Groups(columns)
 
 
 # --- merging into the tables -------------------------------------------------------------------
 
 
-def add(run_id: int, rank: int, host: str, steps: Groups, gpus: Groups) -> None:
-    """Merges one batch's aggregates (a rank's steps, its host's GPU samples) into StepMinute and
-    GpuMinute. Call inside the batch's transaction."""
-    add_many([Part(run_id, rank, host, steps, gpus)])
-
-
-@dataclass(frozen=True)
-class Part:
-    """One batch's aggregates and whose they are: a rank's steps, its host's GPU samples."""
-
-    run_id: int
-    rank: int
-    host: str
-    steps: Groups
-    gpus: Groups
-
-
-def add_many(parts: list[Part]) -> None:
-    """Merges several batches' aggregates into StepMinute, GpuMinute and GpuHour, in the
-    transaction that writes their rows, then recomputes the HostMinute rows they touched. Groups
-    with the same key (a rank's minute split over two batches, a GPU's minutes of one hour) are
-    merged here first: one upsert may not touch a row twice. On PostgreSQL the upserts travel as
-    one statement (data-modifying CTEs): one round trip however many batches and minutes."""
-    steps = _merged(STEP_KEY, STEP_VALUES, [({"run_id": p.run_id, "rank": p.rank}, p.steps)
-                                            for p in parts])
-    gpus = _merged(GPU_KEY, GPU_VALUES, [({"run_id": p.run_id, "host": p.host}, p.gpus)
-                                         for p in parts])
-    hours = _merged(HOUR_KEY, GPU_VALUES, [({"run_id": p.run_id, "host": p.host}, _by_hour(p.gpus))
-                                           for p in parts])
-    upserts = [(STEP_TABLE, STEP_KEY, STEP_VALUES, {}, steps),
-               (GPU_TABLE, GPU_KEY, GPU_VALUES, {}, gpus),
-               (HOUR_TABLE, HOUR_KEY, GPU_VALUES, {}, hours)]
+def add(steps: list[StepRows], gpus: list[GpuRows]) -> None:
+    """Merges the given rows' aggregates into StepMinute, GpuMinute and GpuHour, in the
+    transaction that writes the rows, then recomputes the HostMinute, StepQuarter and
+    ClusterMinute rows they touched. On PostgreSQL the upserts travel as one statement
+    (data-modifying CTEs): one round trip however many batches and minutes."""
+    step_minutes = step_groups(steps)
+    gpu_minutes, gpu_hours = gpu_groups(gpus)
+    upserts = [(STEP_TABLE, STEP_KEY, STEP_VALUES, {}, step_minutes),
+               (GPU_TABLE, GPU_KEY, GPU_VALUES, {}, gpu_minutes),
+               (HOUR_TABLE, HOUR_KEY, GPU_VALUES, {}, gpu_hours)]
     upserts = [upsert for upsert in upserts if len(upsert[-1])]
     if not upserts:
         return
@@ -206,89 +262,17 @@ def add_many(parts: list[Part]) -> None:
         else:
             for upsert in upserts:
                 _sqlite_upsert(cursor, *upsert)
-    if len(gpus):
-        _derive_host_minutes(gpus.columns["run_id"], gpus.columns["host"], gpus.columns["minute"])
-    step_quarters.derive((part.run_id, part.rank, part.steps.columns["minute"])
-                         for part in parts if len(part.steps))
-    if len(gpus):
+    columns = gpu_minutes.columns
+    if len(gpu_minutes):
+        _derive_host_minutes(columns["run_id"], columns["host"], columns["minute"])
+    if len(step_minutes):
+        step = step_minutes.columns
+        step_quarters.derive((run_id, rank, (minute,)) for run_id, rank, minute in
+                             zip(step["run_id"], step["rank"], step["minute"], strict=True))
+    if len(gpu_minutes):
         # Last: its row locks are the ones every worker storing the run's current minute waits
         # for, held from here to the commit.
-        _derive_cluster_minutes(gpus.columns["run_id"], gpus.columns["minute"])
-
-
-def _by_hour(gpus: Groups) -> Groups:
-    """A batch's per-(GPU, minute) groups keyed by the UTC hour instead of the minute (merged
-    into one group per GPU and hour by _merged)."""
-    if not len(gpus):
-        return gpus
-    columns = dict(gpus.columns)
-    columns["hour"] = [minute - minute % 3600 for minute in columns.pop("minute")]
-    return Groups(columns)
-
-
-def _merged(key: tuple[str, ...], values: tuple[tuple[str, str], ...],
-            parts: list[tuple[dict, Groups]]) -> Groups:
-    """The parts' groups as one set of columns, key columns included, one row per distinct key
-    (sorted, so concurrent workers lock rows in the same order), merged as ``values`` say."""
-    parts = [(constants, groups) for constants, groups in parts if len(groups)]
-    if not parts:
-        return Groups({})
-    lengths = [len(groups) for _, groups in parts]
-    # Hosts are strings: keyed by their index in a sorted list, which keeps the sort order.
-    hosts = sorted({constants["host"] for constants, _ in parts if "host" in constants})
-    host_index = {host: i for i, host in enumerate(hosts)}
-    key_columns = []
-    for name in key:
-        if name in parts[0][0]:
-            column = [constants[name] for constants, _ in parts]
-            if name == "host":
-                column = [host_index[host] for host in column]
-            key_columns.append(np.repeat(np.asarray(column, dtype=np.int64), lengths))
-        else:
-            key_columns.append(np.concatenate([np.asarray(groups.columns[name], dtype=np.int64)
-                                               for _, groups in parts]))
-    # Sorted by the whole key even for one batch: every transaction then locks rows in one order.
-    unique, inverse = np.unique(np.stack(key_columns, axis=1), axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    merged: dict[str, list] = {}
-    for i, name in enumerate(key):
-        column = unique[:, i]
-        merged[name] = [hosts[j] for j in column.tolist()] if name == "host" else column.tolist()
-    for name, how in values:
-        raw = [value for _, groups in parts for value in groups.columns[name]]
-        merged[name] = _combine(raw, inverse, len(unique), how)
-    return Groups(merged)
-
-
-def _combine(raw: list, inverse: np.ndarray, n: int, how: str) -> list:
-    """One merged value per key from the parts' values (None is null) as ``how`` merges."""
-    if how == OR:
-        out = np.zeros(n, dtype=np.int64)
-        np.bitwise_or.at(out, inverse, np.asarray(raw, dtype=np.int64))
-        return out.tolist()
-    values = np.asarray(raw, dtype=np.float64 if None in raw else None)
-    if how == ADD:
-        out = np.zeros(n, dtype=values.dtype)
-        np.add.at(out, inverse, values)
-        return out.tolist()
-    if values.dtype.kind in "iu":
-        out = np.full(n, np.iinfo(np.int64).min if how == MAX else np.iinfo(np.int64).max)
-        (np.maximum if how == MAX else np.minimum).at(out, inverse, values)
-        return out.tolist()
-    # fmax/fmin skip NaN (a null): a key whose every value is null stays null.
-    out = np.full(n, np.nan)
-    (np.fmax if how == MAX else np.fmin).at(out, inverse, values.astype(np.float64))
-    return [None if v != v else v for v in out.tolist()]
-
-
-def add_steps(run_id: int, rank: int, groups: Groups) -> None:
-    """Merges one batch's step aggregates into StepMinute (call inside the batch's transaction)."""
-    add(run_id, rank, "", groups, Groups({}))
-
-
-def add_gpus(run_id: int, host: str, groups: Groups) -> None:
-    """Merges one batch's GPU aggregates into GpuMinute (call inside the batch's transaction)."""
-    add(run_id, 0, host, Groups({}), groups)
+        _derive_cluster_minutes(columns["run_id"], columns["minute"])
 
 
 def _merge(table: str, column: str, how: str, postgres: bool) -> str:
@@ -374,7 +358,7 @@ def _sqlite_rows(constants: dict, per_group: list[str], groups: Groups) -> list[
 # HostMinute sums each GPU's mean, lowest and highest power of a minute: a GPU's minute split over
 # two batches changes its mean, so the rows a batch touched are recomputed from GpuMinute (replace,
 # not merge), exact however batches split minutes. GpuHour holds only sums, counts, extremes and
-# bits, which merge exactly: ingest upserts it like GpuMinute (add_many). Rebuilds recompute both
+# bits, which merge exactly: ingest upserts it like GpuMinute (add). Rebuilds recompute both
 # from GpuMinute (derive_coarse).
 
 _HOST_SELECT = f"""
@@ -700,16 +684,15 @@ def _rebuild_portably(run_id: int | None) -> None:
         rows = list(steps.filter(run_id=run, rank=rank).values_list(
             "ts", "step", "duration_s", "tokens", "loss"))
         ts, step, duration, tokens, loss = zip(*rows, strict=True)
-        add_steps(run, rank, step_groups(
-            _micros(ts), np.asarray(step, dtype=np.int64), _floats(duration),
-            ints(list(tokens), len(rows)), _floats(loss)))
+        add([StepRows(run, rank, _micros(ts), np.asarray(step, dtype=np.int64), _floats(duration),
+                      ints(list(tokens), len(rows)), _floats(loss))], [])
     for run, host in gpus.values_list("run_id", "host").distinct():
         rows = list(gpus.filter(run_id=run, host=host).values_list(
             "ts", "gpu", "temp_c", "power_w", "util_pct", "sm_clock_mhz", "throttle"))
         ts, gpu, temp, power, util, clock, throttle = zip(*rows, strict=True)
-        add_gpus(run, host, gpu_groups(
-            _micros(ts), np.asarray(gpu, dtype=np.int64), _floats(temp), _floats(power),
-            _floats(util), _floats(clock), ints(list(throttle), len(rows))))
+        add([], [GpuRows(run, host, _micros(ts), np.asarray(gpu, dtype=np.int64), _floats(temp),
+                         _floats(power), _floats(util), _floats(clock),
+                         ints(list(throttle), len(rows)))])
 
 
 def _micros(stamps) -> np.ndarray:
