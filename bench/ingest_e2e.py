@@ -157,7 +157,7 @@ def produce(args: argparse.Namespace) -> int:
     --probe-file and a JSON summary to stdout."""
     import redis
 
-    from trainer_plugin.transports.broker import QUEUE, BrokerTransport
+    from trainer_plugin.transports.broker import QUEUE, ZSTD_QUEUE, BrokerTransport
 
     shape = Shape(args.hosts, args.gpus_per_host, args.seconds_per_batch, args.step_s)
     factory = BatchFactory(shape, args.project, args.run, args.t0)
@@ -176,7 +176,7 @@ def produce(args: argparse.Namespace) -> int:
             # The queue cannot pass --max-depth while this producer sends no more than the room
             # it saw, so the depth is read once per that many batches, not once per batch (the
             # round trip was a fifth of the producer's time, which the workers share the CPU with).
-            room = args.max_depth - depth.llen(QUEUE)
+            room = args.max_depth - depth.llen(QUEUE) - depth.llen(ZSTD_QUEUE)
             if room <= 0:
                 time.sleep(0.005)
                 held_s += time.monotonic() - now
@@ -341,7 +341,8 @@ class Monitor(threading.Thread):
                 while not self.stop_event.is_set():
                     now = time.monotonic()
                     self._poll_batches(db)
-                    self.seen.depth.append((now, broker.llen("ingest"), broker.hlen("unacked")))
+                    queued = broker.llen("ingest") + broker.llen("ingest.zstd")
+                    self.seen.depth.append((now, queued, broker.hlen("unacked")))
                     if now >= next_slow:
                         self._poll_processes(db)
                         next_slow = now + 2.0

@@ -160,6 +160,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # 166k to 177k GPU samples/s against 32, with no more latency).
 RUNWATCH_INGEST_DRAIN_MAX = env.int("RUNWATCH_INGEST_DRAIN_MAX", default=64)
 RUNWATCH_INGEST_DRAIN_WAIT_S = env.float("RUNWATCH_INGEST_DRAIN_WAIT_S", default=0.25)
+# Workers that decode zstd read the ingest.zstd queue too and tell plugins so, which then send
+# zstd-compressed batches there (collectors/zstd_ingest.py). False: zlib batches on ingest only.
+RUNWATCH_INGEST_ZSTD = env.bool("RUNWATCH_INGEST_ZSTD", default=True)
 # Unacknowledged messages a worker may hold, per pool process. Draining needs room for a full
 # drain per pool process plus the one being gathered: at least DRAIN_MAX * (1 + 1/concurrency),
 # which 128 is for any concurrency with the default DRAIN_MAX.

@@ -19,12 +19,14 @@ import time
 from pathlib import Path
 
 from tests.e2e.conftest import ROOT, wait_for
+from trainer_plugin.transports.broker import QUEUE, ZSTD_QUEUE
 
 INITDB = shutil.which("initdb") or "/usr/local/bin/initdb"
 PG_CTL = shutil.which("pg_ctl") or "/usr/local/bin/pg_ctl"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 #: Redelivery of what a dead worker had reserved comes after the visibility timeout; a short one
 #: keeps the tests short (a redelivered batch is stored once).
+INGEST_QUEUES = (QUEUE, ZSTD_QUEUE)
 VISIBILITY_TIMEOUT_S = 10
 
 
@@ -158,9 +160,10 @@ class RedisServer:
             self.process.kill()
             self.process.wait(timeout=30)
 
-    def queue_depth(self, queue: str = "ingest") -> int | None:
+    def queue_depth(self, queues: tuple[str, ...] = INGEST_QUEUES) -> int | None:
         try:
-            return int(self.client().llen(queue))
+            client = self.client()
+            return sum(int(client.llen(queue)) for queue in queues)
         except Exception:
             return None
 
@@ -354,9 +357,10 @@ class PrivateStack:
             worker.restart_if_dead()
 
     def in_flight(self) -> int:
-        """Messages in the ingest queue or reserved by a worker and not yet acknowledged."""
+        """Messages in the ingest queues or reserved by a worker and not yet acknowledged."""
         client = self.redis.client()
-        return int(client.llen("ingest")) + int(client.hlen("unacked"))
+        return (sum(int(client.llen(queue)) for queue in INGEST_QUEUES)
+                + int(client.hlen("unacked")))
 
     def stop(self) -> None:
         if self.ingest is not None:

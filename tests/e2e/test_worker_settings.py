@@ -18,10 +18,12 @@ import redis
 import yaml
 from django.db import connection
 
+from collectors import zstd_ingest
 from collectors.models import GpuSample, IngestedBatch, IngestToken, Project, RejectedBatch, StepMetric
 from dashboard.celery import app
 from tests.e2e.conftest import ROOT, wait_for
 from trainer_plugin import protocol
+from trainer_plugin.transports import broker
 from trainer_plugin.transports.broker import BrokerTransport
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -212,4 +214,45 @@ def test_a_drain_acknowledges_its_batches_in_one_round_trip(start_worker, transp
     assert stats["cmdstat_hdel"]["calls"] == 12
     assert 12 < stats["cmdstat_exec"]["calls"] <= 12 + 3, stats["cmdstat_exec"]
     assert GpuSample.objects.count() == 12 * 40
+    assert not RejectedBatch.objects.exists()
+
+
+def test_a_worker_that_decodes_zstd_reads_the_zstd_queue_and_tells_plugins(
+        start_worker, transport) -> None:
+    command = compose_worker_command()
+    worker = start_worker(command[3:])
+    client = redis.Redis.from_url(transport.url)
+    assert client.get(broker.ZSTD_READERS_KEY), worker.output()
+    assert 0 < client.ttl(broker.ZSTD_READERS_KEY) <= zstd_ingest.ADVERTISE_TTL_S
+    client.config_resetstat()
+    batches = [host_batch(f"node{h:03d}", 0) for h in range(4)]
+    for batch in batches:
+        transport.send(batch)
+
+    wait_for(lambda: all(stored(b) for b in batches), timeout=60,
+             what=f"4 zstd batches stored; worker log:\n{worker.output()}")
+    # They went through the zstd queue: the plain one was never pushed to.
+    pushed = client.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0)
+    assert pushed == 4 and client.llen(broker.QUEUE) == 0
+    assert GpuSample.objects.count() == 4 * 40
+    assert not RejectedBatch.objects.exists()
+
+
+def test_a_worker_that_does_not_read_zstd_is_never_handed_a_zstd_batch(
+        start_worker, transport) -> None:
+    # A fleet mid-upgrade: a newer worker elsewhere says it reads zstd; this one (zstd turned
+    # off, as an older version or one without the package) reads only the plain queue.
+    old = start_worker(["worker", "-Q", "ingest,runwatch", "--concurrency", "1",
+                        "--loglevel", "INFO"], RUNWATCH_INGEST_ZSTD="false")
+    client = redis.Redis.from_url(transport.url)
+    assert client.get(broker.ZSTD_READERS_KEY) is None, old.output()
+    client.set(broker.ZSTD_READERS_KEY, "newer@elsewhere", ex=60)
+    batch = host_batch("node000", 0)
+    transport.send(batch)
+    time.sleep(3)  # several drain waits: the old worker would have stored or refused it by now
+    assert client.llen(broker.ZSTD_QUEUE) == 1 and not stored(batch)
+    assert not RejectedBatch.objects.exists()
+
+    start_worker(["worker", "-Q", "ingest,runwatch", "--concurrency", "1", "--loglevel", "INFO"])
+    wait_for(lambda: stored(batch), timeout=60, what="the zstd batch stored by a zstd reader")
     assert not RejectedBatch.objects.exists()

@@ -18,7 +18,12 @@ from kombu import compression, serialization
 
 from trainer_plugin import Monitor
 from trainer_plugin.protocol import validate_batch
-from trainer_plugin.transports import PermanentSendError, TransientSendError, transport_for
+from trainer_plugin.transports import (
+    PermanentSendError,
+    TransientSendError,
+    broker,
+    transport_for,
+)
 from trainer_plugin.transports.broker import BrokerTransport
 
 
@@ -102,6 +107,46 @@ def test_batches_travel_compressed_and_decode_with_celerys_own_codecs(
             compression.decompress(body, message["headers"]["compression"]),
             message["content-type"], message["content-encoding"])
         assert args == [batch] and kwargs == {"token": "s3cret"}
+
+
+def test_batches_go_compressed_with_zstd_to_their_own_queue_while_zstd_readers_run(
+        private_broker_url, ingest_list, monkeypatch) -> None:
+    monkeypatch.setattr(broker, "ZSTD_CHECK_INTERVAL_S", 0.0)  # look up the key at every send
+    ingest_list.delete(broker.ZSTD_QUEUE, broker.ZSTD_READERS_KEY)
+    transport = BrokerTransport(private_broker_url, "s3cret")
+    sent = [_telemetry_batch(), _telemetry_batch(), _telemetry_batch()]
+    transport.send(sent[0])  # no worker reads zstd: zlib, on the queue every worker reads
+    ingest_list.set(broker.ZSTD_READERS_KEY, "worker@host", ex=60)
+    transport.send(sent[1])
+    ingest_list.delete(broker.ZSTD_READERS_KEY)  # the last of them stopped: zlib again
+    transport.send(sent[2])
+    transport.close()
+
+    zstd_messages = [json.loads(raw) for raw in ingest_list.lrange(broker.ZSTD_QUEUE, 0, -1)]
+    assert [m["headers"]["compression"] for m in _messages(ingest_list)] == [
+        "application/x-gzip", "application/x-gzip"]
+    (message,) = zstd_messages
+    assert message["headers"]["compression"] == "application/zstd"
+    assert message["properties"]["delivery_info"]["routing_key"] == broker.ZSTD_QUEUE
+    body = base64.b64decode(message["body"])
+    assert len(body) < len(zlib.compress(json.dumps([[sent[1]], {"token": "s3cret"}, {}]).encode(), 1))
+    args, kwargs, _ = serialization.loads(compression.decompress(body, "application/zstd"),
+                                          message["content-type"], message["content-encoding"])
+    assert args == [sent[1]] and kwargs == {"token": "s3cret"}
+    ingest_list.delete(broker.ZSTD_QUEUE)
+
+
+def test_the_zstd_readers_key_is_looked_up_once_a_minute(private_broker_url, ingest_list) -> None:
+    transport = BrokerTransport(private_broker_url, "t")
+    transport.send({"v": 1, "batch_id": "x"})
+    ingest_list.set(broker.ZSTD_READERS_KEY, "worker@host", ex=60)
+    try:
+        transport.send({"v": 1, "batch_id": "y"})  # within the minute: still zlib on ingest
+        assert len(_messages(ingest_list)) == 2
+        assert ingest_list.llen(broker.ZSTD_QUEUE) == 0
+    finally:
+        ingest_list.delete(broker.ZSTD_READERS_KEY, broker.ZSTD_QUEUE)
+        transport.close()
 
 
 def test_the_batch_codec_leaves_kombus_json_as_it_was() -> None:
