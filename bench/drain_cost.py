@@ -77,11 +77,11 @@ def run(args: argparse.Namespace) -> int:
     import orjson
     from django.core.management import call_command
     from django.db import connection
+    from ingest_e2e import BatchFactory, Shape
 
     import collectors.tasks  # noqa: F401  (registers the ingest task)
     from collectors import drain
     from collectors.models import IngestToken, Project, RejectedBatch
-    from ingest_e2e import BatchFactory, Shape
 
     call_command("migrate", verbosity=0)
     project = Project.objects.create(slug="bench", name="bench")
