@@ -334,6 +334,8 @@ class Monitor(threading.Thread):
         import psycopg
         import redis
 
+        from trainer_plugin.transports.broker import QUEUE, ZSTD_QUEUE
+
         try:
             with psycopg.connect(self.bench.database_url, autocommit=True) as db:
                 broker = redis.Redis.from_url(self.bench.broker_url)
@@ -341,7 +343,7 @@ class Monitor(threading.Thread):
                 while not self.stop_event.is_set():
                     now = time.monotonic()
                     self._poll_batches(db)
-                    queued = broker.llen("ingest") + broker.llen("ingest.zstd")
+                    queued = broker.llen(QUEUE) + broker.llen(ZSTD_QUEUE)
                     self.seen.depth.append((now, queued, broker.hlen("unacked")))
                     if now >= next_slow:
                         self._poll_processes(db)

@@ -117,8 +117,7 @@ class _Grouping:
 
     def __init__(self, *keys: np.ndarray):
         n = len(keys[0])
-        self.order = (np.argsort(keys[0], kind="stable") if len(keys) == 1
-                      else np.lexsort(keys[::-1]))  # lexsort: the last key sorts first; stable
+        self.order = np.lexsort(keys[::-1])  # the last key given to lexsort sorts first; stable
         ordered = [key[self.order] for key in keys]
         new = np.zeros(n, dtype=bool)
         if n:
@@ -128,9 +127,6 @@ class _Grouping:
         self.starts = np.flatnonzero(new)
         self.keys = tuple(key[self.starts] for key in ordered)
         self.sizes = np.diff(np.append(self.starts, n))
-
-    def __len__(self) -> int:
-        return len(self.starts)
 
     def reduce(self, ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
         if not len(self.starts):  # reduceat cannot reduce nothing
@@ -199,15 +195,16 @@ def gpu_groups(rows: list[GpuRows]) -> tuple[Groups, Groups]:
     ts = np.concatenate([r.ts for r in rows])
     by = _Grouping(owner, np.concatenate([r.gpu for r in rows]), ts // MICROS_PER_MINUTE)
     bits = np.concatenate([np.ma.filled(r.throttle, 0) for r in rows]).astype(np.int64)
+    measured = {"temp": np.concatenate([r.temp for r in rows]),
+                "power": np.concatenate([r.power for r in rows]),
+                "util": np.concatenate([r.util for r in rows]),
+                "clock": np.concatenate([r.clock for r in rows])}
     minutes: dict[str, np.ndarray] = {"samples": by.sizes}
-    for name, values in (("temp", [r.temp for r in rows]), ("power", [r.power for r in rows]),
-                         ("util", [r.util for r in rows]), ("clock", [r.clock for r in rows])):
-        values = np.concatenate(values)
+    for name, values in measured.items():
         minutes[f"{name}_n"], minutes[f"{name}_sum"] = by.count_and_sum(values)
-        for which_extreme in (MAX, MIN):
-            column = f"{name}_{which_extreme}"
-            if column in _GPU_VALUE_NAMES:
-                minutes[column] = by.extreme(values, which_extreme)
+    for name, how in GPU_VALUES:  # temp_max, power_min, ...: of the measure the name starts with
+        if how in (MAX, MIN):
+            minutes[name] = by.extreme(measured[name.rsplit("_", 1)[0]], how)
     minutes["throttled"] = by.reduce(np.add, ((bits & THROTTLING_MASK) != 0).astype(np.int64))
     minutes["throttle_bits"] = by.reduce(np.bitwise_or, bits)
     owner_of, gpu, minute = by.keys
@@ -220,9 +217,6 @@ def gpu_groups(rows: list[GpuRows]) -> tuple[Groups, Groups]:
     hours = {name: by_hour.reduce(ufuncs[how], minutes[name]) for name, how in GPU_VALUES}
     return (_gpu_rows(owners, owner_of, gpu, "minute", minute, minutes),
             _gpu_rows(owners, *by_hour.keys[:2], "hour", by_hour.keys[2], hours))
-
-
-_GPU_VALUE_NAMES = {name for name, _ in GPU_VALUES}
 
 
 def _gpu_rows(owners: list[tuple], owner_of: np.ndarray, gpu: np.ndarray, when: str,
